@@ -1,0 +1,134 @@
+"""Frozen configuration objects that cross module boundaries.
+
+`ModelConfig` describes a Llama-family decoder (filled by the loaders from a Hugging Face
+config.json or GGUF metadata). `EngineConfig` is what a user chooses; `EngineConfig.resolve`
+fills the "auto" fields for the machine it runs on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+RopeKind = Literal["default", "linear", "dynamic", "llama3", "yarn"]
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling as real checkpoints declare it (`rope_scaling` in config.json)."""
+
+    kind: RopeKind = "default"
+    factor: float = 1.0
+    # llama3
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int | None = None
+    # yarn
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.factor > 0 and math.isfinite(self.factor)):
+            raise ValueError(f"rope_scaling.factor must be a positive number, got {self.factor}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape and behaviour of a Llama-family decoder (Llama 2/3, Mistral, SmolLM2, Qwen2/3)."""
+
+    architecture: str  # registry key, e.g. "llama", "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    rope_dim: int | None = None  # partial rotary; None = head_dim
+    max_position: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2 has q/k/v biases
+    qk_norm: bool = False  # Qwen3 normalises q and k per head
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    weight_dtype: str = "float32"  # dtype the checkpoint was stored in (informational)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim", "max_position"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def replace(self, **changes: object) -> ModelConfig:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+AttentionBackendName = Literal["auto", "torch", "triton"]
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """DSpark speculative decoding. `drafter` is a checkpoint directory, or None for the
+    drafter that ships with the model (see engine.spec.registry)."""
+
+    method: Literal["dspark"] = "dspark"
+    drafter: str | None = None
+    gamma: int | None = None  # None: the drafter's own block size
+    simulate_accept_len: float | None = None  # benchmarking only: force the accept length
+
+    def __post_init__(self) -> None:
+        if self.gamma is not None and not 1 <= self.gamma <= 32:
+            raise ValueError(f"speculative gamma must be in [1, 32], got {self.gamma}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "smollm2-135m"
+    tokenizer: str | None = None  # None: from the model
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
+    device: str = "auto"  # auto: cuda when available, else cpu
+    seed: int = 0
+    max_model_len: int | None = None  # None: the model's own context length
+    max_num_seqs: int = 64  # requests decoded together
+    max_num_batched_tokens: int = 2048  # per-step token budget (prefill chunk size)
+    chunked_prefill: bool = True
+    enable_prefix_cache: bool = True
+    page_size: int = 0  # 0: 1 on CPU, 16 on GPU
+    kv_cache_memory_bytes: int = 0  # 0: derived from kv_memory_fraction
+    kv_memory_fraction: float = 0.6  # of free device memory (GPU) or 1/8 of RAM (CPU)
+    attention_backend: AttentionBackendName = "auto"
+    tensor_parallel_size: int = 1
+    cuda_graphs: bool = True
+    speculative: SpeculativeConfig | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 16:
+            raise ValueError(f"max_num_batched_tokens must be >= 16, got {self.max_num_batched_tokens}")
+        if self.page_size < 0 or (self.page_size & (self.page_size - 1)) and self.page_size:
+            raise ValueError(f"page_size must be 0 (auto) or a power of two, got {self.page_size}")
+        if not 0.0 < self.kv_memory_fraction <= 0.95:
+            raise ValueError(f"kv_memory_fraction must be in (0, 0.95], got {self.kv_memory_fraction}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")

@@ -1,0 +1,52 @@
+"""The per-forward context a model reads: attention metadata, the KV pool, the attention
+backend, and which layers' residual streams to capture (DSpark reads them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from engine.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(Protocol):
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k: torch.Tensor,  # [T, Hkv, D] new keys (RoPE applied)
+        v: torch.Tensor,  # [T, Hkv, D]
+        k_cache: torch.Tensor,  # [num_slots + 1, Hkv, D]; the last row is a write sink
+        v_cache: torch.Tensor,  # [num_slots + 1, Hkv, D]
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        """Store k/v at meta.out_slots, then attend (see AttentionMetadata)."""
+        ...
+
+
+class KVCaches(Protocol):
+    def layer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k_cache, v_cache) of one layer, each [num_slots + 1, Hkv, D]."""
+        ...
+
+
+@dataclass
+class ForwardContext:
+    meta: AttentionMetadata
+    kv: KVCaches
+    backend: AttentionBackend
+    capture_layers: tuple[int, ...] = ()  # residual stream *after* these layers is captured
+    captured: list[torch.Tensor] = field(default_factory=list)  # filled in capture order
+
+    def attention(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  scale: float) -> torch.Tensor:
+        k_cache, v_cache = self.kv.layer(layer_id)
+        return self.backend.forward(q, k, v, k_cache, v_cache, self.meta, scale)
+
+    def aux_hidden(self) -> torch.Tensor | None:
+        """[T, K*H]: the captured residual streams concatenated per token, or None."""
+        if not self.capture_layers:
+            return None
+        return torch.cat(self.captured, dim=-1)
