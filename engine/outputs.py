@@ -43,3 +43,19 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache
     timings: RequestTimings | None = None
     spec: SpecStats = field(default_factory=SpecStats)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A whole generation, as the offline `LLM` returns it."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: str | None
+    stop_reason: str | int | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()
+    num_cached_tokens: int = 0
+    timings: RequestTimings | None = None
+    spec: SpecStats = field(default_factory=SpecStats)

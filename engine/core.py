@@ -1,0 +1,217 @@
+"""EngineCore: one `step()` = schedule, launch, then process the previous step's outputs.
+
+The order is the sync-free loop of DESIGN.md §4: step N is launched before the host waits
+for step N-1's output copy, so the device never idles while the host detokenises, checks
+stop conditions and schedules. The offline `LLM` and the Ray workers drive this same loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from engine.config import EngineConfig
+from engine.engine_setup import EngineParts, build_engine_parts
+from engine.outputs import RequestOutput, RequestTimings, SpecStats
+from engine.request import Request, RequestStatus
+from engine.request_output import OutputProcessor
+from engine.runner.step_output import PendingStep
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledStep
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_usage_ratio: float
+    kv_used_slots: int
+    kv_total_slots: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    prefix_cache_hits_total: int
+    prefix_cache_queries_total: int
+    spec_draft_tokens_total: int
+    spec_accepted_tokens_total: int
+    spec_verify_steps_total: int
+    spec_accept_length_counts: tuple[int, ...]  # [n] = verifies that committed n tokens
+    spec_accepted_per_position: tuple[int, ...]  # [i] = verifies whose draft i was accepted
+    num_preemptions: int
+    steps_total: int
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig | None = None, *, parts: EngineParts | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.parts = parts or build_engine_parts(self.config)
+        self.tokenizer = self.parts.tokenizer
+        self.model_config = self.parts.model_config
+        self.model_name = self.parts.model_name
+        self.max_model_len = self.parts.max_model_len
+        self.scheduler = self.parts.scheduler
+        self.kv = self.parts.kv
+        self.runner = self.parts.runner
+        self.requests: dict[str, Request] = {}
+        self._inflight: tuple[ScheduledStep, PendingStep] | None = None
+        self._aborts: list[str] = []
+        self._key_counter = itertools.count(1)
+        self._outputs = OutputProcessor(self.tokenizer, self.model_config, self.max_model_len)
+        self.sync_guard: contextlib.AbstractContextManager[object] | None = None
+        self._permit_wait = contextlib.nullcontext
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.steps_total = 0
+
+    # -- requests -------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    arrival_s: float | None = None, *, prefill_only: bool = False) -> None:
+        """Queue a request. Raises ValueError naming the bad field; nothing is queued then."""
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError("request_id: must be a non-empty string")
+        if request_id in self.requests:
+            raise ValueError(f"request_id: {request_id!r} is already running")
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params: must be SamplingParams, got {type(params).__name__}")
+        prompt = self._validate_prompt(prompt_token_ids, params)
+        req = Request(request_id=request_id, prompt_ids=prompt, params=params,
+                      arrival_s=time.perf_counter() if arrival_s is None else arrival_s,
+                      rng_key=self._rng_key(params), prefill_only=prefill_only)
+        self._outputs.attach(req)
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+
+    def _validate_prompt(self, prompt_token_ids: object, params: SamplingParams) -> list[int]:
+        if not isinstance(prompt_token_ids, (list, tuple)) or not prompt_token_ids:
+            raise ValueError("prompt: must be a non-empty list of token ids")
+        vocab = self.model_config.vocab_size
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt: token ids must be integers in [0, {vocab})")
+        n = len(prompt_token_ids)
+        if n + 1 > self.max_model_len:
+            raise ValueError(f"prompt: {n} tokens leave no room to generate within the context "
+                             f"length of {self.max_model_len} tokens")
+        return list(prompt_token_ids)
+
+    def _rng_key(self, params: SamplingParams) -> int:
+        if params.seed is not None:
+            return params.seed & 0x7FFF_FFFF_FFFF_FFFF
+        return (self.config.seed * 1_000_003 + next(self._key_counter)) & 0x7FFF_FFFF_FFFF_FFFF
+
+    def abort_request(self, request_id: str) -> None:
+        """Abort at any time; a final output with finish_reason "abort" follows."""
+        if request_id in self.requests:
+            self._aborts.append(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests) or self._inflight is not None
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self._apply_aborts()
+        step = self.scheduler.schedule()
+        pending = None
+        if step is not None:
+            for req in step.requests:
+                if req.first_scheduled_s is None:
+                    req.first_scheduled_s = time.perf_counter()
+            self._admit_new_rows(step)
+            pending = self.runner.launch(step)
+            self.steps_total += 1
+        if self._inflight is not None:
+            outputs.extend(self._process(*self._inflight))
+        self._inflight = (step, pending) if step is not None and pending is not None else None
+        return outputs
+
+    def _admit_new_rows(self, step: ScheduledStep) -> None:
+        if step.kind != "prefill":
+            return
+        for chunk in step.chunks:
+            if chunk.start == chunk.req.num_cached:  # first chunk of this admission
+                self.runner.admit(chunk.req)
+                self.prompt_tokens_total += len(chunk.req.fill_ids) - chunk.req.num_cached
+
+    def _process(self, step: ScheduledStep, pending: PendingStep) -> list[RequestOutput]:
+        with self._permit_wait():
+            result = pending.wait()
+        outputs: list[RequestOutput] = []
+        for i, req in enumerate(step.requests):
+            if req.is_finished or req.epoch != step.epochs[i]:
+                continue
+            if step.kind == "prefill" and not step.chunks[i].samples:
+                continue
+            req.inflight_steps -= 1
+            req.kv_len = int(result.kv_len[i])
+            req.kv_ub = req.kv_len + req.inflight_steps * self.scheduler.step_width
+            if result.draft_len is not None and step.kind == "decode":
+                self._record_spec(req, int(result.draft_len[i]), int(result.accept_len[i]))
+            n = int(result.accept_len[i])
+            before = len(req.output_ids)
+            out = self._outputs.append_tokens(req, result, i, n)
+            self.generation_tokens_total += len(req.output_ids) - before
+            if req.prefill_only and not req.is_finished:
+                out = self._outputs.handoff(req)
+            if req.is_finished:
+                self._release(req)
+            if out is not None:
+                outputs.append(out)
+        return outputs
+
+    def _record_spec(self, req: Request, drafted: int, committed: int) -> None:
+        req.verify_steps += 1
+        req.draft_tokens += drafted
+        req.accepted_tokens += committed - 1
+        self.runner.spec_stats.record(committed)
+
+    def _apply_aborts(self) -> list[RequestOutput]:
+        outputs = []
+        for request_id in self._aborts:
+            req = self.requests.get(request_id)
+            if req is None or req.is_finished:
+                continue
+            self._outputs.finish(req, "abort")
+            self._release(req)
+            outputs.append(self._outputs.final(req))
+        self._aborts.clear()
+        return outputs
+
+    def _release(self, req: Request) -> None:
+        """Free everything a finished request holds. Safe while a launched step still uses
+        its slots: device work runs in launch order, before any later owner's writes."""
+        req.status = RequestStatus.FINISHED
+        req.finished_s = req.finished_s or time.perf_counter()
+        self.scheduler.remove(req)
+        self.kv.release(req, req.all_ids, req.kv_len)
+        self.requests.pop(req.request_id, None)
+
+    # -- introspection --------------------------------------------------------------------
+
+    def stats(self) -> EngineStats:
+        usage = self.kv.usage()
+        spec = self.runner.spec_stats
+        return EngineStats(
+            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+            kv_usage_ratio=usage.ratio, kv_used_slots=usage.used_slots, kv_total_slots=usage.total_slots,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+            prefix_cache_hits_total=self.kv.prefix_hits_total,
+            prefix_cache_queries_total=self.kv.prefix_queries_total,
+            spec_draft_tokens_total=spec.draft_tokens, spec_accepted_tokens_total=spec.accepted_tokens,
+            spec_verify_steps_total=spec.verify_steps,
+            spec_accept_length_counts=tuple(spec.accept_length_counts),
+            spec_accepted_per_position=tuple(spec.accepted_per_position),
+            num_preemptions=self.scheduler.num_preemptions, steps_total=self.steps_total)
+
+    def run_until_idle(self) -> Iterator[RequestOutput]:
+        while self.has_unfinished_requests():
+            yield from self.step()
+
+    def timings(self, req: Request) -> RequestTimings:
+        return RequestTimings(req.arrival_s, req.first_scheduled_s, req.first_token_s, req.finished_s)
+
+    def spec_stats(self, req: Request) -> SpecStats:
+        return SpecStats(req.verify_steps, req.draft_tokens, req.accepted_tokens)

@@ -1,0 +1,102 @@
+"""Builds an engine's parts from an EngineConfig: device and dtype, model and tokenizer,
+KV sizing from the memory budget, the KV manager, the scheduler and the model runner."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import EngineConfig, ModelConfig
+from engine.kv.manager import KVManager
+from engine.kv.pool import KVPool
+from engine.loader.load import load_model
+from engine.runner.model_runner import ModelRunner
+from engine.scheduler import Scheduler
+from engine.spec.setup import SpecSetup, build_spec
+
+_CPU_KV_CAP_BYTES = 2 << 30
+
+
+@dataclass
+class EngineParts:
+    model_name: str
+    model_config: ModelConfig
+    tokenizer: object
+    max_model_len: int
+    device: torch.device
+    dtype: torch.dtype
+    kv: KVManager
+    scheduler: Scheduler
+    runner: ModelRunner
+    spec: SpecSetup | None
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {name!r} requested but no CUDA/ROCm GPU is visible")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtypes = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+              "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if name not in dtypes:
+        raise ValueError(f"dtype: {name!r} is not one of {', '.join(dtypes)} or 'auto'")
+    return dtypes[name]
+
+
+def _kv_budget_bytes(config: EngineConfig, device: torch.device) -> int:
+    if config.kv_cache_memory_bytes:
+        return config.kv_cache_memory_bytes
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * config.kv_memory_fraction)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return min(_CPU_KV_CAP_BYTES, ram // 8)
+
+
+def build_engine_parts(config: EngineConfig) -> EngineParts:
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    loaded = load_model(config.model, dtype=dtype, device=device, tokenizer=config.tokenizer)
+    mc = loaded.config
+    max_model_len = min(config.max_model_len or mc.max_position, mc.max_position)
+    spec = (build_spec(config.speculative, loaded.name, loaded.model, mc, device, dtype)
+            if config.speculative else None)
+    step_width = spec.window if spec else 1
+    page_size = config.page_size or (1 if device.type == "cpu" else 16)
+    max_context = max_model_len + 2 * step_width + page_size
+
+    bytes_per_slot = KVPool.bytes_per_slot(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
+    if spec is not None:
+        bytes_per_slot += spec.kv_bytes_per_slot(dtype)
+    num_slots = _kv_budget_bytes(config, device) // bytes_per_slot
+    num_slots = min(num_slots, config.max_num_seqs * max_context)
+    num_slots = num_slots // page_size * page_size
+    if num_slots < max_context:
+        raise ValueError(
+            f"kv_cache_memory_bytes: the KV budget holds {num_slots} tokens, fewer than one request "
+            f"of max_model_len {max_model_len}; raise the budget or lower max_model_len")
+
+    kv = KVManager(num_slots, page_size, config.max_num_seqs, max_context, config.enable_prefix_cache, device)
+    scheduler = Scheduler(kv, max_num_seqs=config.max_num_seqs,
+                          max_num_batched_tokens=config.max_num_batched_tokens,
+                          chunked_prefill=config.chunked_prefill, max_model_len=max_model_len,
+                          step_width=step_width)
+    runner = ModelRunner(loaded.model, num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads,
+                         head_dim=mc.head_dim, vocab_size=mc.vocab_size, num_slots=num_slots,
+                         max_rows=config.max_num_seqs, dtype=dtype, device=device,
+                         attention_backend=config.attention_backend, req_to_token=kv.table.device_table,
+                         spec=spec)
+    return EngineParts(model_name=loaded.name, model_config=mc, tokenizer=loaded.tokenizer,
+                       max_model_len=max_model_len, device=device, dtype=dtype, kv=kv,
+                       scheduler=scheduler, runner=runner, spec=spec)

@@ -1,0 +1,68 @@
+"""Host-side state of one request. The scheduler and the engine core own it; the device
+never sees it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from engine.outputs import TokenLogprob
+from engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # queued; holds no slots
+    PREFILLING = "prefilling"  # admitted; prompt chunks being computed
+    DECODING = "decoding"  # prompt done; generating
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival_s: float
+    rng_key: int  # counter-based sampling key (from the seed, or assigned by the engine)
+    prefill_only: bool = False  # disaggregated prefill: stop after the first token
+
+    status: RequestStatus = RequestStatus.WAITING
+    fill_ids: list[int] = field(default_factory=list)  # what the current admission prefills
+    epoch: int = 0  # bumped on preemption: results of steps launched before are stale
+    output_ids: list[int] = field(default_factory=list)  # tokens already handed to the caller side
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    error: str | None = None
+    abort_requested: bool = False
+
+    # KV bookkeeping (host)
+    row: int = -1  # row in the req→token table
+    num_allocated: int = 0  # positions [0, num_allocated) have slots
+    num_cached: int = 0  # leading fill tokens served by the prefix cache (this admission)
+    prompt_cache_hit: int = 0  # prompt tokens the prefix cache served at first admission
+    prefix_node: object | None = None  # locked radix node of the cached prefix
+    num_computed: int = 0  # fill tokens scheduled for prefill so far
+    kv_len: int = 0  # positions with valid KV as of the last processed step (exact)
+    kv_ub: int = 0  # upper bound on the KV length once every launched step has run
+    inflight_steps: int = 0  # launched token-producing steps not yet processed
+    preemptions: int = 0
+
+    # Timings (perf_counter seconds)
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    finished_s: float | None = None
+
+    # DSpark per-request stats
+    verify_steps: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+    @property
+    def all_ids(self) -> list[int]:
+        """Prompt followed by everything generated: what a recompute must prefill."""
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED

@@ -1,0 +1,125 @@
+"""Turns committed tokens into what callers see: text deltas, stop conditions, logprobs.
+
+Pure host work on the previous step's output copy; runs while the device computes the
+next step. A DSpark step commits up to W tokens at once: they are walked one by one so
+that a stop condition inside the block truncates exactly where plain decoding would stop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from engine.config import ModelConfig
+from engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from engine.outputs import RequestOutput, RequestTimings, SpecStats, TokenLogprob
+from engine.request import Request, RequestStatus
+from engine.runner.step_output import StepResult
+
+_PROMPT_CONTEXT_TOKENS = 5
+
+
+@dataclass
+class _Stream:
+    detok: IncrementalDetokenizer
+    stops: StopStringMatcher
+    new_ids: list[int] = field(default_factory=list)
+    new_text: list[str] = field(default_factory=list)
+    new_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: object, model_config: ModelConfig, max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        eos = set(model_config.eos_token_ids)
+        eos.update(getattr(tokenizer, "eos_token_ids", ()))
+        self.eos_token_ids = frozenset(eos)
+        self._streams: dict[str, _Stream] = {}
+
+    def attach(self, req: Request) -> None:
+        params = req.params
+        self._streams[req.request_id] = _Stream(
+            detok=IncrementalDetokenizer(self.tokenizer, req.prompt_ids[-_PROMPT_CONTEXT_TOKENS:],  # type: ignore[arg-type]
+                                         params.skip_special_tokens),
+            stops=StopStringMatcher(params.stop, params.include_stop_str_in_output))
+
+    def append_tokens(self, req: Request, result: StepResult, row: int, count: int) -> RequestOutput | None:
+        """Commit up to `count` tokens of `result` row `row` to `req`, stopping early where a
+        stop condition hits. Returns the delta to publish, or None if there is none."""
+        stream = self._streams[req.request_id]
+        params = req.params
+        now = time.perf_counter()
+        for j in range(count):
+            token = int(result.tokens[row, j])
+            req.output_ids.append(token)
+            stream.new_ids.append(token)
+            if req.first_token_s is None:
+                req.first_token_s = now
+            if params.logprobs is not None and result.logprob is not None:
+                stream.new_logprobs.append(self._logprob(result, row, j, params.logprobs))
+            n_out = len(req.output_ids)
+            if n_out >= params.min_tokens and (
+                    token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids)):
+                self.finish(req, "stop", token)
+                break
+            emit, matched = stream.stops.feed(stream.detok.push([token]))
+            stream.new_text.append(emit)
+            if matched is not None:
+                self.finish(req, "stop", matched)
+                break
+            if n_out >= params.max_tokens or len(req.prompt_ids) + n_out >= self.max_model_len:
+                self.finish(req, "length")
+                break
+        return self._delta(req)
+
+    @staticmethod
+    def _logprob(result: StepResult, row: int, col: int, top_n: int) -> TokenLogprob:
+        assert result.logprob is not None
+        top: tuple[tuple[int, float], ...] = ()
+        if top_n and result.top_ids is not None and result.top_logprobs is not None:
+            top = tuple((int(t), float(lp)) for t, lp in
+                        zip(result.top_ids[row, col, :top_n], result.top_logprobs[row, col, :top_n]))
+        return TokenLogprob(int(result.tokens[row, col]), float(result.logprob[row, col]), top)
+
+    def finish(self, req: Request, reason: str, stop_reason: str | int | None = None,
+               error: str | None = None) -> None:
+        req.finish_reason = reason
+        req.stop_reason = stop_reason
+        req.error = error
+        req.status = RequestStatus.FINISHED
+        req.finished_s = time.perf_counter()
+        stream = self._streams[req.request_id]
+        if reason != "stop" or isinstance(stop_reason, int):
+            emit, _ = stream.stops.feed(stream.detok.flush())
+            stream.new_text.append(emit + stream.stops.flush())
+
+    def handoff(self, req: Request) -> RequestOutput:
+        """A prefill-only request has its first token: publish it for the KV handoff."""
+        req.finish_reason = "handoff"
+        out = self._delta(req, force=True)
+        assert out is not None
+        return out
+
+    def final(self, req: Request) -> RequestOutput:
+        out = self._delta(req, force=True)
+        assert out is not None
+        return out
+
+    def _delta(self, req: Request, force: bool = False) -> RequestOutput | None:
+        stream = self._streams[req.request_id]
+        text = "".join(stream.new_text)
+        if not (force or req.is_finished or stream.new_ids or text):
+            return None
+        out = RequestOutput(
+            request_id=req.request_id, new_token_ids=tuple(stream.new_ids), new_text=text,
+            token_ids=tuple(req.output_ids), finished=req.is_finished,
+            finish_reason=req.finish_reason, stop_reason=req.stop_reason, error=req.error,
+            new_logprobs=tuple(stream.new_logprobs), num_prompt_tokens=len(req.prompt_ids),
+            num_cached_tokens=req.prompt_cache_hit,
+            timings=RequestTimings(req.arrival_s, req.first_scheduled_s, req.first_token_s, req.finished_s),
+            spec=SpecStats(req.verify_steps, req.draft_tokens, req.accepted_tokens))
+        stream.new_ids, stream.new_text, stream.new_logprobs = [], [], []
+        if req.is_finished:
+            del self._streams[req.request_id]
+        return out

@@ -1,0 +1,132 @@
+"""The ModelRunner owns every device tensor: weights, KV pools, per-row state, and launches
+one forward per scheduled step without waiting for the device.
+
+Per-row device state (a row is a request's line in the req→token table):
+- `last_token[row]`: the newest sampled token, the next step's input (the DSpark anchor);
+- `kv_len[row]`: the row's committed KV length (DSpark advances it on the device).
+The host learns both one step later from the step's output copy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.attention import select_backend
+from engine.kv.pool import KVPool
+from engine.models.context import ForwardContext
+from engine.request import Request
+from engine.runner.batch_inputs import expand_extend, uniform_window
+from engine.runner.h2d import to_device
+from engine.runner.row_sampling import RowSampling
+from engine.runner.spec_decode import SpecDecoder
+from engine.runner.step_output import PendingStep
+from engine.scheduler import ScheduledStep
+from engine.spec.setup import SpecSetup
+from engine.spec.stats import SpecCounters
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, *, num_layers: int, num_kv_heads: int, head_dim: int,
+                 vocab_size: int, num_slots: int, max_rows: int, dtype: torch.dtype,
+                 device: torch.device, attention_backend: str, req_to_token: torch.Tensor,
+                 spec: SpecSetup | None = None) -> None:
+        self.model = model
+        self.device = device
+        self.dtype = dtype
+        self.vocab_size = vocab_size
+        self.kv_pool = KVPool(num_layers, num_slots, num_kv_heads, head_dim, dtype, device)
+        self.backend = select_backend(attention_backend, device)
+        self.req_to_token = req_to_token
+        self.last_token = torch.zeros(max_rows, dtype=torch.int64, device=device)
+        self.kv_len = torch.zeros(max_rows, dtype=torch.int32, device=device)
+        self.sampling = RowSampling(max_rows, vocab_size, device)
+        self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.host_sized_expansion = True
+        self.spec: SpecDecoder | None = None
+        self.spec_stats = SpecCounters(spec.gamma if spec else 0)
+        self.capture_layers: tuple[int, ...] = ()
+        if spec is not None:
+            draft_pool = spec.new_pool(num_slots, dtype, device)
+            self.spec = SpecDecoder(spec, model, self.kv_pool, draft_pool, self.backend, self.sampling)
+            self.capture_layers = spec.capture_layers
+
+    # -- admission ------------------------------------------------------------------------
+
+    def admit(self, req: Request) -> None:
+        """Stage the request's sampling parameters and penalty state in its row."""
+        self.sampling.set_row(req.row, req.params, req.rng_key, req.prompt_ids, req.output_ids)
+
+    # -- steps ----------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def launch(self, step: ScheduledStep) -> PendingStep:
+        if step.kind == "prefill":
+            return self._prefill(step)
+        return self._decode(step)
+
+    def _prefill(self, step: ScheduledStep) -> PendingStep:
+        chunks = step.chunks
+        rows = np.array([c.req.row for c in chunks], dtype=np.int64)
+        starts = np.array([c.start for c in chunks], dtype=np.int32)
+        ends = np.array([c.end for c in chunks], dtype=np.int32)
+        ids = np.concatenate([np.asarray(c.req.fill_ids[c.start:c.end], dtype=np.int64) for c in chunks])
+        inputs = expand_extend(self.req_to_token, rows, starts, ends - starts, self.device,
+                               host_sized_expansion=self.host_sized_expansion)
+        ctx = ForwardContext(inputs.meta, self.kv_pool, self.backend, capture_layers=self.capture_layers)
+        hidden = self.model(to_device(ids, self.device), inputs.positions, ctx)  # [T, H]
+        if self.spec is not None:
+            aux = ctx.aux_hidden()
+            assert aux is not None
+            self.spec.inject_prefill(aux, inputs.positions, inputs.meta.out_slots)
+
+        # Only chunks that end a fill sample; the others produce a padded row (accept_len 0).
+        sampling = np.array([c.samples for c in chunks])
+        last_rows = np.cumsum(ends - starts) - 1
+        num = len(chunks)
+        tokens = torch.full((num, 1), -1, dtype=torch.int64, device=self.device)
+        accept_len = to_device(sampling.astype(np.int32), self.device)
+        kv_len = to_device(ends, self.device)
+        outputs = {"tokens": tokens, "accept_len": accept_len, "kv_len": kv_len}
+        if sampling.any():
+            pick = np.flatnonzero(sampling)
+            pick_d = to_device(pick, self.device)
+            rows_s = to_device(rows[pick], self.device)
+            logits = self.model.compute_logits(hidden[to_device(last_rows[pick], self.device)])  # [S, V]
+            counters = to_device(ends[pick].astype(np.int64), self.device)
+            reqs = [chunks[i].req for i in pick]
+            sample = self.sampling.sample(logits, rows_s, counters, reqs)
+            tokens[pick_d, 0] = sample.tokens
+            self.last_token[rows_s] = sample.tokens
+            self.kv_len[rows_s] = to_device(ends[pick], self.device)
+            self.sampling.record_outputs(rows_s, sample.tokens[:, None])
+            outputs.update(sample.logprob_outputs(num, pick_d))
+        return PendingStep(outputs, self.copy_stream)
+
+    def _decode(self, step: ScheduledStep) -> PendingStep:
+        if self.spec is not None:
+            outputs = self.spec.step(step.decode, step.kv_before, self.req_to_token, self.last_token, self.kv_len)
+            return PendingStep(outputs, self.copy_stream)
+        reqs = step.decode
+        rows = np.array([r.row for r in reqs], dtype=np.int64)
+        positions = np.array(step.kv_before, dtype=np.int32)  # exact without speculation
+        rows_d = to_device(rows, self.device)
+        start_d = to_device(positions, self.device)
+        inputs = uniform_window(self.req_to_token, rows_d, start_d, 1, int(positions.max()) + 1, causal=True)
+        ctx = ForwardContext(inputs.meta, self.kv_pool, self.backend)
+        input_ids = self.last_token[rows_d]
+        hidden = self.model(input_ids, inputs.positions, ctx)  # [B, H]
+        logits = self.model.compute_logits(hidden)  # [B, V]
+        sample = self.sampling.sample(logits, rows_d, inputs.positions + 1, reqs)
+        self.last_token[rows_d] = sample.tokens
+        new_len = start_d + 1
+        self.kv_len[rows_d] = new_len
+        self.sampling.record_outputs(rows_d, sample.tokens[:, None])
+        num = len(reqs)
+        outputs = {
+            "tokens": sample.tokens[:, None],
+            "accept_len": torch.ones(num, dtype=torch.int32, device=self.device),
+            "kv_len": new_len,
+        }
+        outputs.update(sample.logprob_outputs(num, None))
+        return PendingStep(outputs, self.copy_stream)

@@ -1,0 +1,136 @@
+"""Sampling state kept per request row on the device, and the runner's sampling calls.
+
+Each request's parameters are staged once, at admission, into a per-row table
+(`SamplingTensors.empty` + `write_rows`); a step gathers its rows on the device, so steady
+decoding copies nothing from the host but the row ids. Only host-known batch facts
+(`SamplingFlags`) choose code paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.request import Request
+from engine.runner.h2d import to_device
+from engine.sampling.logprobs import TokenLogprobs, compute_logprobs
+from engine.sampling.penalties import PenaltyState
+from engine.sampling.sampler import Sampler, SamplingFlags, SamplingTensors, processed_probs
+from engine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class RowSample:
+    tokens: torch.Tensor  # [R] int64
+    logprobs: TokenLogprobs | None
+
+    def logprob_outputs(self, num_rows: int, picked: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """Logprob outputs laid out [num_rows, 1, ...]; `picked` scatters the R sampled rows
+        into their batch rows (None: R == num_rows, in order)."""
+        if self.logprobs is None:
+            return {}
+        lp = self.logprobs
+        if picked is None:
+            return {"logprob": lp.chosen[:, None], "top_ids": lp.top_ids[:, None],
+                    "top_logprobs": lp.top_logprobs[:, None]}
+        chosen = lp.chosen.new_zeros((num_rows, 1))
+        chosen[picked, 0] = lp.chosen
+        top_ids = lp.top_ids.new_zeros((num_rows, 1, lp.top_ids.shape[-1]))
+        top_ids[picked, 0] = lp.top_ids
+        top_lps = lp.top_logprobs.new_zeros((num_rows, 1, lp.top_logprobs.shape[-1]))
+        top_lps[picked, 0] = lp.top_logprobs
+        return {"logprob": chosen, "top_ids": top_ids, "top_logprobs": top_lps}
+
+
+class RowSampling:
+    def __init__(self, max_rows: int, vocab_size: int, device: torch.device) -> None:
+        self.vocab_size = vocab_size
+        self.device = device
+        self.table = SamplingTensors.empty(max_rows, device, vocab_size=vocab_size)
+        self.penalties = PenaltyState(max_rows, vocab_size, device)
+        self.sampler = Sampler()
+
+    def set_row(self, row: int, params: SamplingParams, key: int, prompt_ids: list[int],
+                output_ids: list[int]) -> None:
+        values = SamplingTensors.from_params([params], [key], self.device, vocab_size=self.vocab_size)
+        self.table.write_rows(to_device(np.array([row], dtype=np.int64), self.device), values)
+        if params.uses_penalties:
+            self.penalties.reset(row, prompt_ids, output_ids)
+
+    def batch(self, rows_d: torch.Tensor, reqs: list[Request]) -> SamplingTensors:
+        return self.table.gather(rows_d, SamplingFlags.from_params([r.params for r in reqs], self.vocab_size))
+
+    def sample(self, logits: torch.Tensor, rows_d: torch.Tensor, counters: torch.Tensor,
+               reqs: list[Request]) -> RowSample:
+        """logits [R, V]; counters [R] int64: the position of the token being sampled."""
+        st = self.batch(rows_d, reqs)
+        result = self.sampler.sample(logits, st, counters, self.penalties, rows_d)
+        return RowSample(result.tokens, result.logprobs)
+
+    def record_outputs(self, rows_d: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Count committed tokens [B, n] (-1 padding) for the frequency/presence penalties."""
+        self.penalties.update(rows_d, tokens)
+
+    def temperature(self, rows_d: torch.Tensor) -> torch.Tensor:
+        """[B] float32, 0 on greedy rows (the drafter's convention)."""
+        temps = self.table.temperature.index_select(0, rows_d)
+        return torch.where(self.table.greedy.index_select(0, rows_d), torch.zeros_like(temps), temps)
+
+    def keys(self, rows_d: torch.Tensor) -> torch.Tensor:
+        return self.table.key.index_select(0, rows_d)
+
+    # -- DSpark verify window: W rows per request --------------------------------------------
+
+    def _window(self, logits: torch.Tensor, rows_d: torch.Tensor, drafts: torch.Tensor,
+                reqs: list[Request]) -> tuple[torch.Tensor, SamplingTensors]:
+        """Flatten [B, W, V] to [B*W, V] rows with the penalties each verify row would see:
+        row j of a request has already generated d_0 .. d_{j-1} of its block."""
+        batch, width, vocab = logits.shape
+        rows_w = rows_d.repeat_interleave(width, output_size=batch * width)
+        st = self.batch(rows_d, reqs)
+        st_w = SamplingTensors(flags=st.flags, **{
+            name: getattr(st, name).repeat_interleave(width, output_size=batch * width)
+            for name in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                         "frequency_penalty", "presence_penalty", "key", "greedy")})
+        flat = logits.reshape(batch * width, vocab).float()
+        if not st.flags.any_penalties or not self.penalties.allocated:
+            return flat, st_w
+        assert self.penalties.output_counts is not None and self.penalties.prompt_seen is not None
+        block_counts = torch.zeros((batch, width, vocab), dtype=torch.int32, device=logits.device)
+        block_counts[:, 1:].scatter_(2, drafts[:, :, None], 1)
+        block_counts = block_counts.cumsum(dim=1, dtype=torch.int32)  # [B, W, V]: d_0..d_{j-1}
+        counts = self.penalties.output_counts.index_select(0, rows_d)[:, None, :] + block_counts
+        counts = counts.reshape(batch * width, vocab)
+        generated = counts > 0
+        seen = self.penalties.prompt_seen.index_select(0, rows_w) | generated
+        rep = st_w.repetition_penalty[:, None]
+        flat = torch.where(seen, torch.where(flat > 0, flat / rep, flat * rep), flat)
+        flat = flat - st_w.frequency_penalty[:, None] * counts.to(flat.dtype) \
+            - st_w.presence_penalty[:, None] * generated.to(flat.dtype)
+        return flat, st_w
+
+    def penalized(self, logits: torch.Tensor, rows_d: torch.Tensor, drafts: torch.Tensor,
+                  reqs: list[Request]) -> torch.Tensor:
+        """[B, W, V] logits after each verify row's penalties (what greedy takes the argmax of)."""
+        flat, _ = self._window(logits, rows_d, drafts, reqs)
+        return flat.view(logits.shape)
+
+    def target_probs(self, logits: torch.Tensor, rows_d: torch.Tensor, drafts: torch.Tensor,
+                     reqs: list[Request]) -> torch.Tensor:
+        """[B, W, V]: the exact law plain sampling would draw each verify row from."""
+        flat, st_w = self._window(logits, rows_d, drafts, reqs)
+        return processed_probs(flat, st_w).view(logits.shape)
+
+    def logprob_outputs_window(self, logits: torch.Tensor, out_tokens: torch.Tensor,
+                               reqs: list[Request]) -> dict[str, torch.Tensor]:
+        """Logprobs of the committed tokens [B, W] (-1 padding gets a dummy entry)."""
+        requested = [r.params.logprobs for r in reqs if r.params.logprobs is not None]
+        if not requested:
+            return {}
+        batch, width, vocab = logits.shape
+        lp = compute_logprobs(logits.reshape(batch * width, vocab), out_tokens.clamp(min=0).reshape(-1),
+                              max(requested))
+        return {"logprob": lp.chosen.view(batch, width), "top_ids": lp.top_ids.view(batch, width, -1),
+                "top_logprobs": lp.top_logprobs.view(batch, width, -1)}

@@ -1,0 +1,116 @@
+"""One DSpark decode step, launched without a host wait (DESIGN.md §3–§4).
+
+Per request row: the anchor (last committed token) sits at position `seq_len`, both read
+from per-row device buffers. The drafter proposes gamma tokens in one non-causal block
+forward; the target verifies `[anchor, d_0 .. d_{gamma-1}]` (W = gamma + 1 tokens) in one
+causal forward into the window `seq_len + [0, W)`, whose slots the host reserved ahead;
+acceptance gives fixed-shape `out_tokens [B, W]` and `accept_len [B]`; the committed rows'
+captured target hidden states are KV-injected into the draft pool (rejected columns: slot
+-1); the bonus token and the new length go back into the per-row buffers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.kv.pool import KVPool
+from engine.models.context import AttentionBackend, ForwardContext
+from engine.request import Request
+from engine.runner.batch_inputs import uniform_window
+from engine.runner.h2d import to_device
+from engine.runner.row_sampling import RowSampling
+from engine.sampling.rng import uniform
+from engine.spec import accept as acc
+from engine.spec.setup import SpecSetup
+
+# Counter-based stream of the accept-length simulation knob (benchmarks only).
+_SIMULATE_STREAM = 0x5D_AC_03
+
+
+class SpecDecoder:
+    def __init__(self, spec: SpecSetup, model: torch.nn.Module, target_pool: KVPool, draft_pool: KVPool,
+                 backend: AttentionBackend, sampling: RowSampling) -> None:
+        self.spec = spec
+        self.model = model
+        self.target_pool = target_pool
+        self.draft_pool = draft_pool
+        self.backend = backend
+        self.sampling = sampling
+
+    def inject_prefill(self, aux_hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
+        """Prefill: every new token's captured hidden becomes draft context KV."""
+        self.spec.drafter.inject_kv(aux_hidden, positions, slots, self.draft_pool)
+
+    def step(self, reqs: list[Request], kv_bound: list[int], req_to_token: torch.Tensor,
+             last_token: torch.Tensor, kv_len: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Launch draft → verify → accept → commit for `reqs`; returns the fixed-shape device
+        outputs to copy to the host. `kv_bound[b]` bounds the row's KV length (host, one step
+        behind); `last_token` / `kv_len` are the per-row device buffers, updated in place."""
+        gamma, width = self.spec.gamma, self.spec.window
+        batch = len(reqs)
+        device = last_token.device
+        rows_d = to_device(np.array([r.row for r in reqs], dtype=np.int64), device)
+        seq_lens = kv_len[rows_d]  # [B] int32, device only
+        anchor = last_token[rows_d]  # [B]
+        max_len = max(kv_bound)
+        all_greedy = all(r.params.greedy for r in reqs)
+
+        # 1. Draft: [anchor, mask x (gamma-1)] at seq_len + [0, gamma), non-causal.
+        block = uniform_window(req_to_token, rows_d, seq_lens, gamma, max_len + gamma, causal=False)
+        block_ctx = ForwardContext(block.meta, self.draft_pool, self.backend)
+        temperature = self.sampling.temperature(rows_d)
+        keys = self.sampling.keys(rows_d)
+        proposal = self.spec.drafter.propose(anchor, block_ctx, block.positions.view(batch, gamma), temperature,
+                                             keys, seq_lens.to(torch.int64) + 1, any_sampled=not all_greedy)
+        drafts = proposal.draft_tokens  # [B, gamma]
+
+        # 2. Verify: the target over [anchor, drafts] at seq_len + [0, W), causal.
+        verify = uniform_window(req_to_token, rows_d, seq_lens, width, max_len + width, causal=True)
+        ctx = ForwardContext(verify.meta, self.target_pool, self.backend,
+                             capture_layers=self.spec.capture_layers)
+        verify_ids = torch.cat((anchor[:, None], drafts), dim=1).reshape(-1)  # [B*W]
+        hidden = self.model(verify_ids, verify.positions, ctx)  # [B*W, H]
+        logits = self.model.compute_logits(hidden).view(batch, width, -1)  # [B, W, V]
+
+        # 3. Accept. Row j predicts position seq_len + j + 1 (its sampling counter).
+        counters = verify.positions.view(batch, width) + 1  # [B, W]
+        if all_greedy:
+            result = acc.accept_greedy(drafts, self.sampling.penalized(logits, rows_d, drafts, reqs))
+        else:
+            target_probs = self.sampling.target_probs(logits, rows_d, drafts, reqs)  # [B, W, V]
+            draft_probs = acc.draft_probs(proposal.draft_logits, temperature)
+            result = acc.accept(drafts, draft_probs, self.sampling.penalized(logits, rows_d, drafts, reqs),
+                                target_probs, keys, counters[:, 0], temperature <= 0)
+        out_tokens, accept_len = result.out_tokens, result.accept_len
+        if self.spec.simulate_accept_len is not None:
+            out_tokens, accept_len = self._simulate(drafts, keys, counters[:, 0])
+
+        # 4. Commit: anchor + accepted drafts get draft KV; the bonus is the next anchor.
+        window_slots = verify.meta.out_slots.view(batch, width)
+        commit = acc.commit_slots(window_slots, accept_len)
+        self.spec.drafter.inject_kv(ctx.aux_hidden(), verify.positions, commit.reshape(-1), self.draft_pool)
+        new_len = acc.finalize(accept_len, seq_lens)
+        bonus = out_tokens.gather(1, (accept_len.long() - 1)[:, None]).squeeze(1)
+        last_token[rows_d] = bonus
+        kv_len[rows_d] = new_len
+        self.sampling.record_outputs(rows_d, out_tokens)
+
+        outputs = {"tokens": out_tokens, "accept_len": accept_len, "kv_len": new_len,
+                   "draft_len": torch.full((batch,), gamma, dtype=torch.int32, device=device)}
+        outputs.update(self.sampling.logprob_outputs_window(logits, out_tokens, reqs))
+        return outputs
+
+    def _simulate(self, drafts: torch.Tensor, keys: torch.Tensor,
+                  counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Benchmark knob: commit a forced number of tokens (mean = simulate_accept_len),
+        taking the drafts as if accepted. Output text is meaningless; speed is real."""
+        target = float(self.spec.simulate_accept_len or 1.0)
+        whole = int(target)
+        coin = uniform(keys, counter, 1, _SIMULATE_STREAM)[:, 0]  # [B]
+        accept_len = (whole + (coin < target - whole).to(torch.int32)).clamp(1, self.spec.window)
+        accept_len = accept_len.to(torch.int32)
+        cols = torch.arange(self.spec.window, device=drafts.device)
+        padded = torch.cat((drafts, drafts[:, -1:]), dim=1)  # [B, W]
+        forced = torch.where(cols < accept_len[:, None].long(), padded, torch.full_like(padded, -1))
+        return forced, accept_len

@@ -1,0 +1,227 @@
+"""Continuous batching: which requests run in the next step, and how much of each.
+
+A step is either a prefill step (chunks of prompts under a token budget; the last chunk of
+a request samples its next token) or a decode step (every decoding request advances by one
+token, or by one DSpark draft+verify block). When both kinds of work are pending they take
+turns, so a long prompt delays running requests by at most one chunk.
+
+The scheduler works on host state that lags the device by one step (DESIGN.md §4): it
+knows exactly what it scheduled, and what came out of every step but the one in flight.
+Tokens per decode step are at most `step_width` (1, or W = gamma + 1 with DSpark), so a
+request's KV length is bounded by `kv_len + inflight_steps * step_width`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from engine.kv.manager import KVManager
+from engine.request import Request, RequestStatus
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    req: Request
+    start: int  # first fill position of this chunk
+    end: int  # one past the last
+    samples: bool  # the chunk ends the fill: its last logits sample the next token
+
+
+@dataclass
+class ScheduledStep:
+    kind: Literal["prefill", "decode"]
+    chunks: list[PrefillChunk] = field(default_factory=list)
+    decode: list[Request] = field(default_factory=list)
+    epochs: list[int] = field(default_factory=list)  # per chunk / decode request, at launch
+    kv_before: list[int] = field(default_factory=list)  # decode: KV-length bound before the step
+
+    @property
+    def requests(self) -> list[Request]:
+        return [c.req for c in self.chunks] if self.kind == "prefill" else self.decode
+
+
+class Scheduler:
+    def __init__(self, kv: KVManager, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 chunked_prefill: bool, max_model_len: int, step_width: int) -> None:
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.token_budget = max_num_batched_tokens
+        self.chunked_prefill = chunked_prefill
+        self.max_model_len = max_model_len
+        self.step_width = step_width
+        self.waiting: deque[Request] = deque()
+        self.prefilling: list[Request] = []
+        self.decoding: list[Request] = []
+        self._last_kind: str = "decode"
+        self.num_preemptions = 0
+
+    # -- queue management -------------------------------------------------------------
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def remove(self, req: Request) -> None:
+        for queue in (self.prefilling, self.decoding):
+            if req in queue:
+                queue.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.prefilling) + len(self.decoding)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.decoding)
+
+    # -- the decision -----------------------------------------------------------------
+
+    def schedule(self) -> ScheduledStep | None:
+        decodable = [r for r in self.decoding if self._wants_decode(r)]
+        prefill_pending = bool(self.prefilling or self.waiting)
+        prefer_prefill = prefill_pending and (not decodable or self._last_kind == "decode")
+        if prefer_prefill:
+            step = self._schedule_prefill()
+            if step is not None:
+                self._last_kind = "prefill"
+                return step
+        if decodable:
+            step = self._schedule_decode()
+            if step is not None:
+                self._last_kind = "decode"
+                return step
+        if prefill_pending and not prefer_prefill:
+            step = self._schedule_prefill()
+            if step is not None:
+                self._last_kind = "prefill"
+                return step
+        return None
+
+    def _wants_decode(self, req: Request) -> bool:
+        """False when the tokens already generated or in flight reach a limit, and for
+        prefill-only requests (disaggregated prefill hands them off instead)."""
+        produced_lower_bound = len(req.output_ids) + req.inflight_steps
+        return (not req.prefill_only and produced_lower_bound < req.params.max_tokens
+                and self._kv_upper_bound(req) + 1 <= self.max_model_len)
+
+    def _kv_upper_bound(self, req: Request) -> int:
+        return req.kv_ub
+
+    def _schedule_decode(self) -> ScheduledStep | None:
+        chosen: list[Request] = []
+        for req in list(self.decoding):
+            if req.status is not RequestStatus.DECODING or not self._wants_decode(req):
+                continue
+            # Positions this step may write: [kv_ub, kv_ub + W). DSpark reserves one more
+            # window so the host, one step behind, never under-allocates (DESIGN.md §3).
+            need = self._kv_upper_bound(req) + self.step_width
+            while not self.kv.reserve(req, need):
+                victim = self._youngest_decoding(exclude=chosen)
+                if victim is None:
+                    break
+                self.preempt(victim)
+                if victim is req:
+                    break
+            if req.status is RequestStatus.DECODING and req.num_allocated >= need:
+                chosen.append(req)
+        if not chosen:
+            return None
+        kv_before = [r.kv_ub for r in chosen]
+        for req in chosen:
+            req.inflight_steps += 1
+            req.kv_ub += self.step_width
+        return ScheduledStep("decode", decode=chosen, epochs=[r.epoch for r in chosen],
+                             kv_before=kv_before)
+
+    def _youngest_decoding(self, exclude: list[Request]) -> Request | None:
+        for req in reversed(self.decoding):
+            if req not in exclude:
+                return req
+        return None
+
+    def preempt(self, req: Request) -> None:
+        """Recompute preemption: drop the request's KV (the prefix cache may keep it) and
+        queue it first; results of its in-flight step are discarded by the epoch check."""
+        self.kv.release(req, req.all_ids, req.kv_len)
+        self.decoding.remove(req)
+        req.status = RequestStatus.WAITING
+        req.epoch += 1
+        req.inflight_steps = 0
+        req.kv_len = req.kv_ub = 0
+        req.preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _schedule_prefill(self) -> ScheduledStep | None:
+        budget = self.token_budget
+        chunks: list[PrefillChunk] = []
+        for req in self.prefilling:
+            if budget <= 0:
+                break
+            chunk = self._chunk(req, budget, first=not chunks)
+            if chunk is None:
+                break
+            chunks.append(chunk)
+            budget -= chunk.end - chunk.start
+        while self.waiting and budget > 0 and self.num_running < self.max_num_seqs:
+            req = self.waiting[0]
+            if not self._admit(req):
+                break
+            self.waiting.popleft()
+            self.prefilling.append(req)
+            chunk = self._chunk(req, budget, first=not chunks)
+            if chunk is None:
+                break
+            chunks.append(chunk)
+            budget -= chunk.end - chunk.start
+        if not chunks:
+            return None
+        for chunk in chunks:
+            req = chunk.req
+            req.num_computed = chunk.end
+            if chunk.samples:
+                req.kv_ub = chunk.end
+                req.inflight_steps += 1
+                self._start_decoding(req)
+        return ScheduledStep("prefill", chunks=chunks, epochs=[c.req.epoch for c in chunks])
+
+    def _admit(self, req: Request) -> bool:
+        fill = req.all_ids
+        # Slots for the fill plus the first decode step's writes.
+        reserve_to = len(fill) + 2 * self.step_width
+        if not self.kv.can_admit(reserve_to) or not self.kv.admit(req, fill, reserve_to):
+            return False
+        req.fill_ids = fill
+        if req.preemptions == 0:
+            req.prompt_cache_hit = req.num_cached
+        req.num_computed = req.num_cached
+        req.kv_len = req.num_cached
+        req.kv_ub = req.num_cached
+        req.status = RequestStatus.PREFILLING
+        return True
+
+    def _chunk(self, req: Request, budget: int, first: bool) -> PrefillChunk | None:
+        remaining = len(req.fill_ids) - req.num_computed
+        if remaining <= budget:
+            take = remaining
+        elif self.chunked_prefill:
+            take = budget
+        elif first:
+            take = remaining  # an unchunked prompt longer than the budget runs alone
+        else:
+            return None
+        start = req.num_computed
+        return PrefillChunk(req, start, start + take, samples=start + take == len(req.fill_ids))
+
+    def _start_decoding(self, req: Request) -> None:
+        """The request's fill has been launched in full; it decodes from the next step."""
+        if req in self.prefilling:
+            self.prefilling.remove(req)
+            req.status = RequestStatus.DECODING
+            self.decoding.append(req)
