@@ -10,17 +10,21 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.engine_setup import EngineParts, build_engine_parts
-from engine.outputs import RequestOutput, RequestTimings, SpecStats
+from engine.handoff import KVHandoff
+from engine.outputs import RequestOutput
 from engine.request import Request, RequestStatus
 from engine.request_output import OutputProcessor
 from engine.runner.step_output import PendingStep
+from engine.sampling.rng import request_key
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledStep
+from engine.sync_guard import SyncGuard
 
 
 @dataclass(frozen=True)
@@ -57,13 +61,18 @@ class EngineCore:
         self.requests: dict[str, Request] = {}
         self._inflight: tuple[ScheduledStep, PendingStep] | None = None
         self._aborts: list[str] = []
+        self._handoffs: deque[tuple[Request, KVHandoff]] = deque()
         self._key_counter = itertools.count(1)
         self._outputs = OutputProcessor(self.tokenizer, self.model_config, self.max_model_len)
-        self.sync_guard: contextlib.AbstractContextManager[object] | None = None
-        self._permit_wait = contextlib.nullcontext
+        self._permit_wait: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.steps_total = 0
+
+    def attach_sync_guard(self, guard: SyncGuard) -> None:
+        """Run under `guard` (DESIGN.md §4): the step's wait on the previous output copy is
+        the one permitted host/device synchronisation; anything else fails."""
+        self._permit_wait = lambda: guard.permitted("previous step output")
 
     # -- requests -------------------------------------------------------------------------
 
@@ -97,9 +106,68 @@ class EngineCore:
         return list(prompt_token_ids)
 
     def _rng_key(self, params: SamplingParams) -> int:
-        if params.seed is not None:
-            return params.seed & 0x7FFF_FFFF_FFFF_FFFF
-        return (self.config.seed * 1_000_003 + next(self._key_counter)) & 0x7FFF_FFFF_FFFF_FFFF
+        return request_key(params.seed, self.config.seed, next(self._key_counter))
+
+    def add_prefill_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                            arrival_s: float | None = None) -> None:
+        """Disaggregated prefill: compute the prompt and sample the first token, then stop.
+        step() reports it with finish_reason "handoff"; then `export_kv` or `release_handoff`."""
+        self.add_request(request_id, prompt_token_ids, params, arrival_s, prefill_only=True)
+
+    def export_kv(self, request_id: str) -> KVHandoff:
+        """The handed-off request's KV and state; frees it here (its prefix stays cached)."""
+        req = self._handoff_ready(request_id)
+        target_kv, draft_kv = self.runner.export_kv(req)
+        handoff = KVHandoff(request_id=request_id, prompt_ids=tuple(req.prompt_ids),
+                            output_ids=tuple(req.output_ids), params=req.params, rng_key=req.rng_key,
+                            kv_len=req.kv_len, target_kv=target_kv, draft_kv=draft_kv,
+                            arrival_s=req.arrival_s, num_cached_tokens=req.prompt_cache_hit)
+        self._drop_handoff(req)
+        return handoff
+
+    def release_handoff(self, request_id: str) -> None:
+        """Free a prefilled request that will not be exported (its transfer failed)."""
+        req = self.requests.get(request_id)
+        if req is not None and req.prefill_only:
+            self._drop_handoff(req)
+
+    def _handoff_ready(self, request_id: str) -> Request:
+        req = self.requests.get(request_id)
+        if req is None or not req.prefill_only or req.finish_reason != "handoff" or req.inflight_steps:
+            raise ValueError(f"request_id: {request_id!r} has no completed prefill to hand off")
+        return req
+
+    def _drop_handoff(self, req: Request) -> None:
+        self._outputs.discard(req)
+        self._release(req)
+
+    def add_decode_request(self, request_id: str, handoff: KVHandoff) -> None:
+        """Continue a request prefilled elsewhere: it waits for slots, receives the KV, and
+        decodes from its last token."""
+        if request_id in self.requests:
+            raise ValueError(f"request_id: {request_id!r} is already running")
+        if handoff.kv_len + 1 != len(handoff.prompt_ids) + len(handoff.output_ids):
+            raise ValueError("handoff: kv_len must cover every token but the last")
+        req = Request(request_id=request_id, prompt_ids=list(handoff.prompt_ids), params=handoff.params,
+                      arrival_s=handoff.arrival_s, rng_key=handoff.rng_key)
+        req.output_ids = list(handoff.output_ids)
+        req.prompt_cache_hit = handoff.num_cached_tokens
+        self._outputs.attach(req)
+        self.requests[request_id] = req
+        self._handoffs.append((req, handoff))
+
+    def _admit_handoffs(self) -> None:
+        while self._handoffs:
+            req, handoff = self._handoffs[0]
+            if req.abort_requested or req.is_finished:
+                self._handoffs.popleft()
+                continue
+            start = self.scheduler.admit_decoding(req, handoff.kv_len)
+            if start is None:
+                return  # no memory yet: retry next step
+            self._handoffs.popleft()
+            self.runner.admit(req)
+            self.runner.import_kv(req, handoff.target_kv, handoff.draft_kv, start, req.output_ids[-1])
 
     def abort_request(self, request_id: str) -> None:
         """Abort at any time; a final output with finish_reason "abort" follows."""
@@ -113,6 +181,7 @@ class EngineCore:
 
     def step(self) -> list[RequestOutput]:
         outputs = self._apply_aborts()
+        self._admit_handoffs()
         step = self.scheduler.schedule()
         pending = None
         if step is not None:
@@ -153,8 +222,6 @@ class EngineCore:
             before = len(req.output_ids)
             out = self._outputs.append_tokens(req, result, i, n)
             self.generation_tokens_total += len(req.output_ids) - before
-            if req.prefill_only and not req.is_finished:
-                out = self._outputs.handoff(req)
             if req.is_finished:
                 self._release(req)
             if out is not None:
@@ -173,6 +240,7 @@ class EngineCore:
             req = self.requests.get(request_id)
             if req is None or req.is_finished:
                 continue
+            req.abort_requested = True
             self._outputs.finish(req, "abort")
             self._release(req)
             outputs.append(self._outputs.final(req))
@@ -209,9 +277,3 @@ class EngineCore:
     def run_until_idle(self) -> Iterator[RequestOutput]:
         while self.has_unfinished_requests():
             yield from self.step()
-
-    def timings(self, req: Request) -> RequestTimings:
-        return RequestTimings(req.arrival_s, req.first_scheduled_s, req.first_token_s, req.finished_s)
-
-    def spec_stats(self, req: Request) -> SpecStats:
-        return SpecStats(req.verify_steps, req.draft_tokens, req.accepted_tokens)

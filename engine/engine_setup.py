@@ -11,7 +11,7 @@ import torch
 from engine.config import EngineConfig, ModelConfig
 from engine.kv.manager import KVManager
 from engine.kv.pool import KVPool
-from engine.loader.load import load_model
+from engine.loader.load import LoadedModel, load_model
 from engine.runner.model_runner import ModelRunner
 from engine.scheduler import Scheduler
 from engine.spec.setup import SpecSetup, build_spec
@@ -64,10 +64,12 @@ def _kv_budget_bytes(config: EngineConfig, device: torch.device) -> int:
     return min(_CPU_KV_CAP_BYTES, ram // 8)
 
 
-def build_engine_parts(config: EngineConfig) -> EngineParts:
+def build_engine_parts(config: EngineConfig, loaded: LoadedModel | None = None) -> EngineParts:
+    """`loaded` reuses weights already in memory (several engines over one model)."""
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
-    loaded = load_model(config.model, dtype=dtype, device=device, tokenizer=config.tokenizer)
+    if loaded is None:
+        loaded = load_model(config.model, dtype=dtype, device=device, tokenizer=config.tokenizer)
     mc = loaded.config
     max_model_len = min(config.max_model_len or mc.max_position, mc.max_position)
     spec = (build_spec(config.speculative, loaded.name, loaded.model, mc, device, dtype)
@@ -96,7 +98,10 @@ def build_engine_parts(config: EngineConfig) -> EngineParts:
                          head_dim=mc.head_dim, vocab_size=mc.vocab_size, num_slots=num_slots,
                          max_rows=config.max_num_seqs, dtype=dtype, device=device,
                          attention_backend=config.attention_backend, req_to_token=kv.table.device_table,
+                         req_to_token_host=kv.table.host,
                          spec=spec)
+    if config.cuda_graphs and device.type == "cuda":
+        runner.capture_graphs(config.max_num_seqs, max_context, kv.table.padding_row)
     return EngineParts(model_name=loaded.name, model_config=mc, tokenizer=loaded.tokenizer,
                        max_model_len=max_model_len, device=device, dtype=dtype, kv=kv,
                        scheduler=scheduler, runner=runner, spec=spec)

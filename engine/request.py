@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from engine.kv.radix import RadixNode
 from engine.outputs import TokenLogprob
 from engine.sampling_params import SamplingParams
 
@@ -41,7 +42,7 @@ class Request:
     num_allocated: int = 0  # positions [0, num_allocated) have slots
     num_cached: int = 0  # leading fill tokens served by the prefix cache (this admission)
     prompt_cache_hit: int = 0  # prompt tokens the prefix cache served at first admission
-    prefix_node: object | None = None  # locked radix node of the cached prefix
+    prefix_node: RadixNode | None = None  # locked radix node of the cached prefix
     num_computed: int = 0  # fill tokens scheduled for prefill so far
     kv_len: int = 0  # positions with valid KV as of the last processed step (exact)
     kv_ub: int = 0  # upper bound on the KV length once every launched step has run

@@ -38,15 +38,18 @@ class OutputProcessor:
         self._streams: dict[str, _Stream] = {}
 
     def attach(self, req: Request) -> None:
+        """Start the request's text stream; earlier tokens (a handed-off request's first
+        token) are context whose text was already shown."""
         params = req.params
         self._streams[req.request_id] = _Stream(
-            detok=IncrementalDetokenizer(self.tokenizer, req.prompt_ids[-_PROMPT_CONTEXT_TOKENS:],  # type: ignore[arg-type]
+            detok=IncrementalDetokenizer(self.tokenizer, req.all_ids[-_PROMPT_CONTEXT_TOKENS:],  # type: ignore[arg-type]
                                          params.skip_special_tokens),
             stops=StopStringMatcher(params.stop, params.include_stop_str_in_output))
 
     def append_tokens(self, req: Request, result: StepResult, row: int, count: int) -> RequestOutput | None:
         """Commit up to `count` tokens of `result` row `row` to `req`, stopping early where a
-        stop condition hits. Returns the delta to publish, or None if there is none."""
+        stop condition hits. Returns the delta to publish, or None if there is none. A
+        prefill-only request that did not finish is marked for handoff."""
         stream = self._streams[req.request_id]
         params = req.params
         now = time.perf_counter()
@@ -71,6 +74,9 @@ class OutputProcessor:
             if n_out >= params.max_tokens or len(req.prompt_ids) + n_out >= self.max_model_len:
                 self.finish(req, "length")
                 break
+        if req.prefill_only and not req.is_finished:
+            req.finish_reason = "handoff"
+            stream.new_text.append(stream.stops.flush())
         return self._delta(req)
 
     @staticmethod
@@ -94,12 +100,8 @@ class OutputProcessor:
             emit, _ = stream.stops.feed(stream.detok.flush())
             stream.new_text.append(emit + stream.stops.flush())
 
-    def handoff(self, req: Request) -> RequestOutput:
-        """A prefill-only request has its first token: publish it for the KV handoff."""
-        req.finish_reason = "handoff"
-        out = self._delta(req, force=True)
-        assert out is not None
-        return out
+    def discard(self, req: Request) -> None:
+        self._streams.pop(req.request_id, None)
 
     def final(self, req: Request) -> RequestOutput:
         out = self._delta(req, force=True)

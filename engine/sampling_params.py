@@ -6,6 +6,9 @@ import math
 from dataclasses import dataclass
 
 MAX_LOGPROBS = 20
+# Below this a temperature divides logits past float32 range (inf - inf = NaN in softmax):
+# such requests are greedy, as in vLLM.
+GREEDY_TEMPERATURE = 1e-5
 
 
 def _require(ok: bool, field_name: str, message: str) -> None:
@@ -19,10 +22,10 @@ def _finite(x: float) -> bool:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy. top_k <= 0 and top_p == 1 and min_p == 0 disable those
-    filters. `seed` makes a request's samples reproducible whatever else is batched with it.
-    Penalties follow OpenAI (frequency/presence, over generated tokens) and HF
-    (repetition, over prompt and generated tokens)."""
+    """temperature 0 (or below GREEDY_TEMPERATURE) means greedy. top_k <= 0 and top_p == 1
+    and min_p == 0 disable those filters. `seed` makes a request's samples reproducible
+    whatever else is batched with it. Penalties follow OpenAI (frequency/presence, over
+    generated tokens) and HF (repetition, over prompt and generated tokens)."""
 
     max_tokens: int = 16
     min_tokens: int = 0
@@ -53,7 +56,8 @@ class SamplingParams:
     def _validate(self) -> None:
         _require(isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool)
                  and self.max_tokens >= 1, "max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
-        _require(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens,
+        _require(isinstance(self.min_tokens, int) and not isinstance(self.min_tokens, bool)
+                 and 0 <= self.min_tokens <= self.max_tokens,
                  "min_tokens", f"must be an integer in [0, max_tokens], got {self.min_tokens!r}")
         _require(_finite(self.temperature) and 0.0 <= self.temperature <= 100.0, "temperature",
                  f"must be a finite number in [0, 100], got {self.temperature!r}")
@@ -77,13 +81,14 @@ class SamplingParams:
         _require(len(self.stop) <= 16, "stop", f"at most 16 stop strings, got {len(self.stop)}")
         _require(all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids),
                  "stop_token_ids", f"must be non-negative integers, got {self.stop_token_ids!r}")
-        _require(self.logprobs is None or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
-                                           and 0 <= self.logprobs <= MAX_LOGPROBS),
+        _require(self.logprobs is None
+                 or (isinstance(self.logprobs, int) and not isinstance(self.logprobs, bool)
+                     and 0 <= self.logprobs <= MAX_LOGPROBS),
                  "logprobs", f"must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
 
     @property
     def uses_penalties(self) -> bool:

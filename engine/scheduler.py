@@ -219,6 +219,22 @@ class Scheduler:
         start = req.num_computed
         return PrefillChunk(req, start, start + take, samples=start + take == len(req.fill_ids))
 
+    def admit_decoding(self, req: Request, kv_len: int) -> int | None:
+        """Admit a request whose KV for positions [0, kv_len) arrives from elsewhere; it
+        decodes from the next step. Returns the first position to copy in (positions below
+        it came from the prefix cache), or None when memory or rows are short."""
+        if self.num_running >= self.max_num_seqs:
+            return None
+        fill = req.all_ids
+        reserve_to = kv_len + 2 * self.step_width
+        if not self.kv.can_admit(reserve_to) or not self.kv.admit(req, fill, reserve_to):
+            return None
+        req.kv_len = req.kv_ub = kv_len
+        req.num_computed = len(fill)
+        req.status = RequestStatus.DECODING
+        self.decoding.append(req)
+        return req.num_cached
+
     def _start_decoding(self, req: Request) -> None:
         """The request's fill has been launched in full; it decodes from the next step."""
         if req in self.prefilling:

@@ -14,11 +14,16 @@ from engine.runner.h2d import copy_into
 
 
 class ReqToTokenTable:
+    """`max_rows` rows for requests plus one padding row (`padding_row`) whose slots are all
+    -1: fixed-size batches (CUDA graph buckets) fill unused entries with it, and its writes
+    land in the pools' sink row."""
+
     def __init__(self, max_rows: int, max_context: int, device: torch.device) -> None:
         self.max_rows = max_rows
         self.max_context = max_context
-        self.host = np.full((max_rows, max_context), -1, dtype=np.int32)
-        self.device_table = torch.full((max_rows, max_context), -1, dtype=torch.int32, device=device)
+        self.padding_row = max_rows
+        self.host = np.full((max_rows + 1, max_context), -1, dtype=np.int32)
+        self.device_table = torch.full((max_rows + 1, max_context), -1, dtype=torch.int32, device=device)
         self._free_rows = list(range(max_rows - 1, -1, -1))
 
     @property

@@ -17,6 +17,7 @@ from engine.kv.pool import KVPool
 from engine.models.context import ForwardContext
 from engine.request import Request
 from engine.runner.batch_inputs import expand_extend, uniform_window
+from engine.runner.cuda_graphs import GraphedStep
 from engine.runner.h2d import to_device
 from engine.runner.row_sampling import RowSampling
 from engine.runner.spec_decode import SpecDecoder
@@ -30,22 +31,25 @@ class ModelRunner:
     def __init__(self, model: torch.nn.Module, *, num_layers: int, num_kv_heads: int, head_dim: int,
                  vocab_size: int, num_slots: int, max_rows: int, dtype: torch.dtype,
                  device: torch.device, attention_backend: str, req_to_token: torch.Tensor,
-                 spec: SpecSetup | None = None) -> None:
+                 req_to_token_host: np.ndarray, spec: SpecSetup | None = None) -> None:
         self.model = model
         self.device = device
         self.dtype = dtype
         self.vocab_size = vocab_size
         self.kv_pool = KVPool(num_layers, num_slots, num_kv_heads, head_dim, dtype, device)
         self.backend = select_backend(attention_backend, device)
-        self.req_to_token = req_to_token
-        self.last_token = torch.zeros(max_rows, dtype=torch.int64, device=device)
-        self.kv_len = torch.zeros(max_rows, dtype=torch.int32, device=device)
-        self.sampling = RowSampling(max_rows, vocab_size, device)
+        self.req_to_token = req_to_token  # [max_rows, max_context] int32, device
+        self.req_to_token_host = req_to_token_host  # its host mirror (the host owns it)
+        # One more row than requests can hold: the padding row of fixed-size batches.
+        self.last_token = torch.zeros(max_rows + 1, dtype=torch.int64, device=device)
+        self.kv_len = torch.zeros(max_rows + 1, dtype=torch.int32, device=device)
+        self.sampling = RowSampling(max_rows + 1, vocab_size, device)
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.host_sized_expansion = True
         self.spec: SpecDecoder | None = None
         self.spec_stats = SpecCounters(spec.gamma if spec else 0)
         self.capture_layers: tuple[int, ...] = ()
+        self.graphs: GraphedStep | None = None
         if spec is not None:
             draft_pool = spec.new_pool(num_slots, dtype, device)
             self.spec = SpecDecoder(spec, model, self.kv_pool, draft_pool, self.backend, self.sampling)
@@ -56,6 +60,33 @@ class ModelRunner:
     def admit(self, req: Request) -> None:
         """Stage the request's sampling parameters and penalty state in its row."""
         self.sampling.set_row(req.row, req.params, req.rng_key, req.prompt_ids, req.output_ids)
+
+    # -- disaggregation: KV in and out ---------------------------------------------------
+
+    def export_kv(self, req: Request) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """CPU copies of the request's KV for positions [0, kv_len): target [L, 2, n, Hkv, D]
+        and draft. Runs between steps; waits for the device (a handoff, not the step loop)."""
+        slots = to_device(self.req_to_token_host_slots(req, 0, req.kv_len), self.device)
+        target = self.kv_pool.read(slots).cpu()
+        draft = self.spec.draft_pool.read(slots).cpu() if self.spec is not None else None
+        return target, draft
+
+    def import_kv(self, req: Request, target_kv: torch.Tensor, draft_kv: torch.Tensor | None, start: int,
+                  last_token: int) -> None:
+        """Write handed-off KV for positions [start, req.kv_len) into the request's slots and
+        make its last token the next input."""
+        slots = to_device(self.req_to_token_host_slots(req, start, req.kv_len), self.device)
+        self.kv_pool.write(slots, target_kv[:, :, start:].to(self.device, non_blocking=True))
+        if self.spec is not None:
+            if draft_kv is None:
+                raise ValueError("handoff: this engine runs DSpark but the handoff carries no draft KV")
+            self.spec.draft_pool.write(slots, draft_kv[:, :, start:].to(self.device, non_blocking=True))
+        row = to_device(np.array([req.row], dtype=np.int64), self.device)
+        self.last_token[row] = to_device(np.array([last_token], dtype=np.int64), self.device)
+        self.kv_len[row] = to_device(np.array([req.kv_len], dtype=np.int32), self.device)
+
+    def req_to_token_host_slots(self, req: Request, start: int, end: int) -> np.ndarray:
+        return self.req_to_token_host[req.row, start:end].astype(np.int64)
 
     # -- steps ----------------------------------------------------------------------------
 
@@ -104,29 +135,54 @@ class ModelRunner:
         return PendingStep(outputs, self.copy_stream)
 
     def _decode(self, step: ScheduledStep) -> PendingStep:
-        if self.spec is not None:
-            outputs = self.spec.step(step.decode, step.kv_before, self.req_to_token, self.last_token, self.kv_len)
-            return PendingStep(outputs, self.copy_stream)
         reqs = step.decode
         rows = np.array([r.row for r in reqs], dtype=np.int64)
-        positions = np.array(step.kv_before, dtype=np.int32)  # exact without speculation
+        starts = np.array(step.kv_before, dtype=np.int32)  # plain decode: exact positions
+        graphable = all(r.params.greedy and not r.params.uses_penalties and r.params.logprobs is None
+                        for r in reqs)
+        if self.graphs is not None and graphable and self.graphs.bucket_for(len(reqs)) is not None:
+            return PendingStep(self.graphs.replay(rows, starts), self.copy_stream)
         rows_d = to_device(rows, self.device)
-        start_d = to_device(positions, self.device)
-        inputs = uniform_window(self.req_to_token, rows_d, start_d, 1, int(positions.max()) + 1, causal=True)
+        starts_d = to_device(starts, self.device)
+        max_len = int(starts.max())
+        if self.spec is not None:
+            outputs = self.spec.step(rows_d, max_len, reqs, self.req_to_token, self.last_token, self.kv_len)
+        else:
+            outputs = self._plain_decode(rows_d, starts_d, max_len + 1, reqs)
+        return PendingStep(outputs, self.copy_stream)
+
+    def _plain_decode(self, rows_d: torch.Tensor, starts_d: torch.Tensor, max_seq_len: int,
+                      reqs: list[Request]) -> dict[str, torch.Tensor]:
+        """One token per row at position starts[b]. `reqs` empty: greedy without penalties
+        or logprobs (the captured variant)."""
+        inputs = uniform_window(self.req_to_token, rows_d, starts_d, 1, max_seq_len, causal=True)
         ctx = ForwardContext(inputs.meta, self.kv_pool, self.backend)
-        input_ids = self.last_token[rows_d]
-        hidden = self.model(input_ids, inputs.positions, ctx)  # [B, H]
+        hidden = self.model(self.last_token[rows_d], inputs.positions, ctx)  # [B, H]
         logits = self.model.compute_logits(hidden)  # [B, V]
         sample = self.sampling.sample(logits, rows_d, inputs.positions + 1, reqs)
         self.last_token[rows_d] = sample.tokens
-        new_len = start_d + 1
+        new_len = starts_d + 1
         self.kv_len[rows_d] = new_len
         self.sampling.record_outputs(rows_d, sample.tokens[:, None])
-        num = len(reqs)
-        outputs = {
-            "tokens": sample.tokens[:, None],
-            "accept_len": torch.ones(num, dtype=torch.int32, device=self.device),
-            "kv_len": new_len,
-        }
-        outputs.update(sample.logprob_outputs(num, None))
-        return PendingStep(outputs, self.copy_stream)
+        outputs = {"tokens": sample.tokens[:, None], "accept_len": torch.ones_like(new_len), "kv_len": new_len}
+        outputs.update(sample.logprob_outputs(rows_d.shape[0], None))
+        return outputs
+
+    # -- CUDA graphs ----------------------------------------------------------------------
+
+    def capture_graphs(self, max_batch: int, max_context: int, padding_row: int) -> None:
+        """Capture the decode step (plain or DSpark) per batch-size bucket (GPU only)."""
+        if self.device.type != "cuda":
+            return
+        if self.spec is not None:
+            spec = self.spec
+
+            def body(rows_d: torch.Tensor, starts_d: torch.Tensor) -> dict[str, torch.Tensor]:
+                return spec.step(rows_d, max_context - 2 * spec.spec.window, [], self.req_to_token,
+                                 self.last_token, self.kv_len)
+        else:
+            def body(rows_d: torch.Tensor, starts_d: torch.Tensor) -> dict[str, torch.Tensor]:
+                return self._plain_decode(rows_d, starts_d, max_context, [])
+
+        with torch.inference_mode():
+            self.graphs = GraphedStep(body, max_batch, padding_row, self.device)

@@ -97,19 +97,10 @@ class RowSampling:
         flat = logits.reshape(batch * width, vocab).float()
         if not st.flags.any_penalties or not self.penalties.allocated:
             return flat, st_w
-        assert self.penalties.output_counts is not None and self.penalties.prompt_seen is not None
         block_counts = torch.zeros((batch, width, vocab), dtype=torch.int32, device=logits.device)
         block_counts[:, 1:].scatter_(2, drafts[:, :, None], 1)
         block_counts = block_counts.cumsum(dim=1, dtype=torch.int32)  # [B, W, V]: d_0..d_{j-1}
-        counts = self.penalties.output_counts.index_select(0, rows_d)[:, None, :] + block_counts
-        counts = counts.reshape(batch * width, vocab)
-        generated = counts > 0
-        seen = self.penalties.prompt_seen.index_select(0, rows_w) | generated
-        rep = st_w.repetition_penalty[:, None]
-        flat = torch.where(seen, torch.where(flat > 0, flat / rep, flat * rep), flat)
-        flat = flat - st_w.frequency_penalty[:, None] * counts.to(flat.dtype) \
-            - st_w.presence_penalty[:, None] * generated.to(flat.dtype)
-        return flat, st_w
+        return self.penalties.apply(flat, rows_w, st_w, block_counts.view(batch * width, vocab)), st_w
 
     def penalized(self, logits: torch.Tensor, rows_d: torch.Tensor, drafts: torch.Tensor,
                   reqs: list[Request]) -> torch.Tensor:

@@ -11,14 +11,12 @@ captured target hidden states are KV-injected into the draft pool (rejected colu
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from engine.kv.pool import KVPool
 from engine.models.context import AttentionBackend, ForwardContext
 from engine.request import Request
 from engine.runner.batch_inputs import uniform_window
-from engine.runner.h2d import to_device
 from engine.runner.row_sampling import RowSampling
 from engine.sampling.rng import uniform
 from engine.spec import accept as acc
@@ -42,18 +40,18 @@ class SpecDecoder:
         """Prefill: every new token's captured hidden becomes draft context KV."""
         self.spec.drafter.inject_kv(aux_hidden, positions, slots, self.draft_pool)
 
-    def step(self, reqs: list[Request], kv_bound: list[int], req_to_token: torch.Tensor,
+    def step(self, rows_d: torch.Tensor, max_len: int, reqs: list[Request], req_to_token: torch.Tensor,
              last_token: torch.Tensor, kv_len: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Launch draft → verify → accept → commit for `reqs`; returns the fixed-shape device
-        outputs to copy to the host. `kv_bound[b]` bounds the row's KV length (host, one step
-        behind); `last_token` / `kv_len` are the per-row device buffers, updated in place."""
+        """Launch draft → verify → accept → commit for the rows `rows_d` [B]; returns the
+        fixed-shape device outputs to copy to the host. `max_len` bounds every row's KV
+        length (host, one step behind); `last_token` / `kv_len` are the per-row device
+        buffers, updated in place. `reqs` carry the sampling facts the host knows; an empty
+        list means greedy rows without penalties or logprobs (what a CUDA graph captures)."""
         gamma, width = self.spec.gamma, self.spec.window
-        batch = len(reqs)
+        batch = rows_d.shape[0]
         device = last_token.device
-        rows_d = to_device(np.array([r.row for r in reqs], dtype=np.int64), device)
         seq_lens = kv_len[rows_d]  # [B] int32, device only
         anchor = last_token[rows_d]  # [B]
-        max_len = max(kv_bound)
         all_greedy = all(r.params.greedy for r in reqs)
 
         # 1. Draft: [anchor, mask x (gamma-1)] at seq_len + [0, gamma), non-causal.

@@ -1,0 +1,43 @@
+"""AttentionBackend on Triton kernels (CUDA and ROCm; CPU tensors under TRITON_INTERPRET=1).
+
+Stores the new K/V with one kernel, then attends with one of two kernels chosen from host
+ints only: the split-KV kernel when every request's rows fit one small tile (decode, DSpark
+verify windows and drafter blocks: `max_extend_len * G <= MAX_ROWS`), the extend kernel
+otherwise (prefill, chunked prefill). Both read K/V through `req_to_token`, never read the
+device from the host, and size their grids from host bounds, so a forward can be captured
+in a CUDA graph per batch-size bucket (workspace comes from the graph's memory pool).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention.metadata import AttentionMetadata
+from engine.attention.store_kv import store_kv_triton
+from engine.attention.triton_decode import MAX_ROWS, decode_attention, split_kv_rows
+from engine.attention.triton_extend import extend_attention
+
+
+class TritonAttentionBackend:
+    name = "triton"
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,  # [T, Hkv, D]
+        k_cache: torch.Tensor,  # [num_slots + 1, Hkv, D]
+        v_cache: torch.Tensor,  # [num_slots + 1, Hkv, D]
+        meta: AttentionMetadata,
+        scale: float,
+        out: torch.Tensor | None = None,  # [T, Hq, D]; allocated when None
+    ) -> torch.Tensor:
+        store_kv_triton(k, v, k_cache, v_cache, meta.out_slots)
+        if out is None:
+            out = torch.empty_like(q)
+        if q.stride(-1) != 1:
+            q = q.contiguous()
+        group = q.shape[1] // k_cache.shape[1]
+        if split_kv_rows(meta, group) <= MAX_ROWS:
+            return decode_attention(q, k_cache, v_cache, meta, scale, out)
+        return extend_attention(q, k_cache, v_cache, meta, scale, out)

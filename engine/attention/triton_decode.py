@@ -1,0 +1,300 @@
+"""Split-KV ("flash-decoding") paged attention for short query windows.
+
+Used for decode (1 row per request) and for any forward whose `max_extend_len * G` query
+rows fit one small tile: DSpark verify windows (W = gamma + 1 <= 16) and drafter blocks.
+One program owns (request b, kv head, split s): it loads all `extend * G` query rows that
+share the kv head (GQA: the G query heads of a kv head read each key once), walks its
+share of the request's keys through `req_to_token`, and keeps an fp32 online softmax.
+A second kernel merges the splits by their log-sum-exp (Dao, Haziza, Massa, Sizov,
+"Flash-Decoding for long-context inference", 2023). With one split the first kernel writes
+the output itself.
+
+Split sizes are per request, computed on the device from `seq_lens`: every split of request
+b covers `ceil(seq_len_b / S)` keys (rounded to BLOCK_N), so short and long requests in one
+batch both use all S programs. The number of splits S comes from host bounds only (batch,
+`max_seq_len`, SM count), so the grid is fixed for a CUDA graph of a batch-size bucket.
+
+Reference: engine.attention.torch_backend.paged_attention_torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.attention.metadata import AttentionMetadata
+
+LOG2E = math.log2(math.e)
+MAX_SPLITS = 64
+MIN_SPLIT_TOKENS = 128  # below this a split is mostly launch and merge overhead
+# Query rows (extend * G) one program may hold; larger windows go to the extend kernel.
+MAX_ROWS = 64
+
+
+@triton.jit
+def _split_kv_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    req_to_token_ptr,
+    req_rows_ptr,
+    seq_lens_ptr,
+    extend_lens_ptr,
+    q_start_ptr,
+    out_ptr,
+    partial_o_ptr,  # [T, Hq, S, D] fp32, unused when DIRECT_OUT
+    partial_lse_ptr,  # [T, Hq, S] fp32 (log2 domain)
+    scale_log2e,
+    num_splits,
+    stride_qt,
+    stride_qh,
+    stride_kc_slot,
+    stride_kc_h,
+    stride_vc_slot,
+    stride_vc_h,
+    stride_r2t,
+    stride_ot,
+    stride_oh,
+    stride_pt,
+    stride_ph,
+    stride_ps,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,  # query rows (extend j, head g) per program, >= 16 for tl.dot
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    DIRECT_OUT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    seq_len = tl.load(seq_lens_ptr + req)
+    extend_len = tl.load(extend_lens_ptr + req)
+    q_first = tl.load(q_start_ptr + req).to(tl.int64)
+    table_row = tl.load(req_rows_ptr + req).to(tl.int64)
+    prefix_len = seq_len - extend_len
+
+    rows = tl.arange(0, BLOCK_R)
+    query_j = rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    row_valid = query_j < extend_len
+    dims = tl.arange(0, BLOCK_D)
+    dim_valid = dims < HEAD_DIM
+    token = q_first + query_j
+    q = tl.load(
+        q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
+        mask=row_valid[:, None] & dim_valid[None, :],
+        other=0.0,
+    )
+
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    kv_begin = split * split_len
+    kv_end = tl.minimum(kv_begin + split_len, seq_len)
+    last_key = prefix_len + query_j  # causal: the last key each row may see
+
+    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for start in range(kv_begin, kv_end, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_valid = cols < kv_end
+        slot = tl.load(req_to_token_ptr + table_row * stride_r2t + cols, mask=col_valid, other=0).to(tl.int64)
+        kv_mask = col_valid[:, None] & dim_valid[None, :]
+        k = tl.load(
+            k_cache_ptr + slot[:, None] * stride_kc_slot + kv_head * stride_kc_h + dims[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
+        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale_log2e  # [BLOCK_R, BLOCK_N]
+        visible = col_valid[None, :]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= last_key[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(
+            v_cache_ptr + slot[:, None] * stride_vc_slot + kv_head * stride_vc_h + dims[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+        m_i = m_new
+
+    empty = l_i == 0.0  # an empty split, or a row whose visible keys all lie in other splits
+    if DIRECT_OUT:
+        o = acc / tl.where(empty, 1.0, l_i)[:, None]
+        tl.store(
+            out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=row_valid[:, None] & dim_valid[None, :],
+        )
+    else:
+        partial = token * stride_pt + head * stride_ph + split * stride_ps
+        o = acc / tl.where(empty, 1.0, l_i)[:, None]
+        tl.store(
+            partial_o_ptr + partial[:, None] * HEAD_DIM + dims[None, :],
+            o,
+            mask=row_valid[:, None] & dim_valid[None, :],
+        )
+        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+        tl.store(partial_lse_ptr + partial, lse, mask=row_valid)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    partial_o_ptr,  # [T, Hq, S, D] fp32, each split normalised by its own sum
+    partial_lse_ptr,  # [T, Hq, S] fp32 (log2 domain), -inf for an empty split
+    out_ptr,
+    num_splits,
+    stride_pt,
+    stride_ph,
+    stride_ps,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    splits = tl.arange(0, BLOCK_S)
+    split_valid = splits < num_splits
+    dims = tl.arange(0, BLOCK_D)
+    dim_valid = dims < HEAD_DIM
+    base = token * stride_pt + head * stride_ph + splits * stride_ps
+    lse = tl.load(partial_lse_ptr + base, mask=split_valid, other=float("-inf"))
+    m = tl.max(lse, 0)
+    weight = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # 0 for empty splits
+    total = tl.sum(weight, 0)
+    o = tl.load(
+        partial_o_ptr + base[:, None] * HEAD_DIM + dims[None, :],
+        mask=split_valid[:, None] & dim_valid[None, :],
+        other=0.0,
+    )
+    o = tl.sum(o * weight[:, None], 0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(
+        out_ptr + token * stride_ot + head * stride_oh + dims, o.to(out_ptr.dtype.element_ty), mask=dim_valid
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter on CPU: a few splits, so tests cover the merge
+
+
+def num_kv_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+    """Splits per (request, kv head): enough programs to fill the device ~4 times over, and
+    no split shorter than MIN_SPLIT_TOKENS at `max_seq_len`. Host ints only."""
+    by_length = triton.cdiv(max(max_seq_len, 1), MIN_SPLIT_TOKENS)
+    by_occupancy = triton.cdiv(4 * _num_sms(device), max(batch * num_kv_heads, 1))
+    return max(1, min(MAX_SPLITS, by_length, by_occupancy))
+
+
+def split_kv_rows(meta: AttentionMetadata, group: int) -> int:
+    """Query rows one split-KV program holds for this forward (extend * G)."""
+    rows_per_req = meta.uniform_extend if meta.uniform_extend is not None else meta.max_extend_len
+    return rows_per_req * group
+
+
+def decode_attention(
+    q: torch.Tensor,  # [T, Hq, D], last dim contiguous
+    k_cache: torch.Tensor,  # [num_slots + 1, Hkv, D]
+    v_cache: torch.Tensor,  # [num_slots + 1, Hkv, D]
+    meta: AttentionMetadata,
+    scale: float,
+    out: torch.Tensor,  # [T, Hq, D]
+    num_splits: int | None = None,  # None: num_kv_splits(...)
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """Split-KV attention for forwards with `split_kv_rows(meta, G) <= MAX_ROWS`."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    group = num_q_heads // num_kv_heads
+    batch = meta.batch_size
+    rows = split_kv_rows(meta, group)
+    if rows > MAX_ROWS:
+        raise ValueError(f"decode_attention holds at most {MAX_ROWS} query rows per program, got {rows}")
+    if num_tokens == 0 or batch == 0:
+        return out
+    if num_splits is None:
+        num_splits = num_kv_splits(batch, num_kv_heads, meta.max_seq_len, q.device)
+    if block_n is None:
+        block_n = 64 if head_dim <= 128 else 32
+    block_d = triton.next_power_of_2(head_dim)
+    direct = num_splits == 1
+    if direct:
+        partial_o = partial_lse = q.new_empty(1, dtype=torch.float32)  # placeholder, never touched
+        stride_pt = stride_ph = stride_ps = 0
+    else:
+        partial_o = torch.empty(
+            num_tokens, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
+        )
+        partial_lse = torch.empty(num_tokens, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+        stride_pt, stride_ph, stride_ps = partial_lse.stride()
+    precision = "ieee" if q.dtype == torch.float32 else None  # None: the target default (tf32 is not on ROCm)
+    _split_kv_kernel[(batch, num_kv_heads, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        meta.req_to_token,
+        meta.req_rows,
+        meta.seq_lens,
+        meta.extend_lens,
+        meta.q_start,
+        out,
+        partial_o,
+        partial_lse,
+        scale * LOG2E,
+        num_splits,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        meta.req_to_token.stride(0),
+        out.stride(0),
+        out.stride(1),
+        stride_pt,
+        stride_ph,
+        stride_ps,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_R=max(16, triton.next_power_of_2(rows)),
+        BLOCK_N=block_n,
+        CAUSAL=meta.causal,
+        DIRECT_OUT=direct,
+        INPUT_PRECISION=precision,
+        num_warps=4,
+        num_stages=2,
+    )
+    if not direct:
+        _merge_splits_kernel[(num_tokens, num_q_heads)](
+            partial_o,
+            partial_lse,
+            out,
+            num_splits,
+            stride_pt,
+            stride_ph,
+            stride_ps,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=head_dim,
+            BLOCK_D=block_d,
+            BLOCK_S=triton.next_power_of_2(num_splits),
+            num_warps=4,
+        )
+    return out

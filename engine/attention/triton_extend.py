@@ -1,0 +1,243 @@
+"""Ragged paged attention for prefill and extend (any number of new rows per request).
+
+One program owns (request b, kv head, block of BLOCK_M query rows). A row is a pair
+(query j, head g) of the G query heads that share the kv head, laid `j * G + g`, so each
+key tile loaded through `req_to_token` serves all G heads (GQA) and a short extend still
+fills the tile. FlashAttention-2 style online softmax in fp32 (Dao, 2023): keys every row
+of the block may see are walked first without masks; the causal diagonal (and the ragged
+end of the request) is walked after, masked.
+
+The grid is (B, Hkv, cdiv(max_extend_len * G, BLOCK_M)) from host bounds; programs past a
+request's own extend exit at once. Causal blocks are scheduled longest first.
+
+Reference: engine.attention.torch_backend.paged_attention_torch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.attention.metadata import AttentionMetadata
+
+LOG2E = math.log2(math.e)
+
+
+@triton.jit
+def _attend_tile(
+    q,
+    acc,
+    m_i,
+    l_i,
+    start,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_row_ptr,  # req_to_token row of the request
+    kv_head,
+    stride_kc_slot,
+    stride_kc_h,
+    stride_vc_slot,
+    stride_vc_h,
+    dims,
+    dim_valid,
+    last_key,  # [BLOCK_M] causal bound of each row
+    kv_end,
+    scale_log2e,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    cols = start + tl.arange(0, BLOCK_N)
+    if MASKED:
+        col_valid = cols < kv_end
+        slot = tl.load(slot_row_ptr + cols, mask=col_valid, other=0).to(tl.int64)
+        kv_mask = col_valid[:, None] & dim_valid[None, :]
+    else:
+        slot = tl.load(slot_row_ptr + cols).to(tl.int64)
+        kv_mask = dim_valid[None, :]
+    k = tl.load(
+        k_cache_ptr + slot[:, None] * stride_kc_slot + kv_head * stride_kc_h + dims[None, :],
+        mask=kv_mask,
+        other=0.0,
+    )
+    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale_log2e  # [BLOCK_M, BLOCK_N]
+    if MASKED:
+        visible = col_valid[None, :]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= last_key[:, None])
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(
+        v_cache_ptr + slot[:, None] * stride_vc_slot + kv_head * stride_vc_h + dims[None, :],
+        mask=kv_mask,
+        other=0.0,
+    )
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _extend_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    req_to_token_ptr,
+    req_rows_ptr,
+    seq_lens_ptr,
+    extend_lens_ptr,
+    q_start_ptr,
+    out_ptr,
+    scale_log2e,
+    stride_qt,
+    stride_qh,
+    stride_kc_slot,
+    stride_kc_h,
+    stride_vc_slot,
+    stride_vc_h,
+    stride_r2t,
+    stride_ot,
+    stride_oh,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    block = tl.num_programs(2) - 1 - tl.program_id(2)  # heaviest causal blocks first
+
+    extend_len = tl.load(extend_lens_ptr + req)
+    if block * BLOCK_M >= extend_len * GROUP:
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+    q_first = tl.load(q_start_ptr + req).to(tl.int64)
+    slot_row_ptr = req_to_token_ptr + tl.load(req_rows_ptr + req).to(tl.int64) * stride_r2t
+    prefix_len = seq_len - extend_len
+
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    query_j = rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    row_valid = query_j < extend_len
+    dims = tl.arange(0, BLOCK_D)
+    dim_valid = dims < HEAD_DIM
+    token = q_first + query_j
+    q = tl.load(
+        q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
+        mask=row_valid[:, None] & dim_valid[None, :],
+        other=0.0,
+    )
+
+    last_key = prefix_len + query_j
+    if CAUSAL:
+        # keys < prefix + first_j + 1 are visible to every row of the block
+        first_j = (block * BLOCK_M) // GROUP
+        last_j = tl.minimum((block * BLOCK_M + BLOCK_M - 1) // GROUP, extend_len - 1)
+        unmasked_end = prefix_len + first_j + 1
+        kv_end = prefix_len + last_j + 1
+    else:
+        unmasked_end = seq_len
+        kv_end = seq_len
+    unmasked_end = (unmasked_end // BLOCK_N) * BLOCK_N
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start in range(0, unmasked_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
+            stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, last_key, kv_end,
+            scale_log2e, BLOCK_N, False, CAUSAL, INPUT_PRECISION,
+        )  # fmt: skip
+    for start in range(unmasked_end, kv_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
+            stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, last_key, kv_end,
+            scale_log2e, BLOCK_N, True, CAUSAL, INPUT_PRECISION,
+        )  # fmt: skip
+
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(
+        out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=row_valid[:, None] & dim_valid[None, :],
+    )
+
+
+def _default_blocks(head_dim: int, rows: int, device: torch.device) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for a forward with `rows = max_extend_len * G`."""
+    if device.type != "cuda":  # the interpreter: small tiles keep tests quick and multi-block
+        return 16, 16, 4
+    if head_dim <= 64:
+        block_m, block_n, warps = 128, 64, 4
+    elif head_dim <= 128:
+        block_m, block_n, warps = 128, 64, 8
+    else:
+        block_m, block_n, warps = 64, 32, 8
+    return min(block_m, max(16, triton.next_power_of_2(rows))), block_n, warps
+
+
+def extend_attention(
+    q: torch.Tensor,  # [T, Hq, D], last dim contiguous
+    k_cache: torch.Tensor,  # [num_slots + 1, Hkv, D]
+    v_cache: torch.Tensor,  # [num_slots + 1, Hkv, D]
+    meta: AttentionMetadata,
+    scale: float,
+    out: torch.Tensor,  # [T, Hq, D]
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """Ragged prefill/extend attention, causal or not (K/V already stored in the cache)."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    group = num_q_heads // num_kv_heads
+    batch = meta.batch_size
+    rows_per_req = meta.uniform_extend if meta.uniform_extend is not None else meta.max_extend_len
+    if num_tokens == 0 or batch == 0 or rows_per_req == 0:
+        return out
+    rows = rows_per_req * group
+    default_m, default_n, warps = _default_blocks(head_dim, rows, q.device)
+    block_m = block_m or default_m
+    block_n = block_n or default_n
+    precision = "ieee" if q.dtype == torch.float32 else None  # None: the target default (tf32 is not on ROCm)
+    _extend_kernel[(batch, num_kv_heads, triton.cdiv(rows, block_m))](
+        q,
+        k_cache,
+        v_cache,
+        meta.req_to_token,
+        meta.req_rows,
+        meta.seq_lens,
+        meta.extend_lens,
+        meta.q_start,
+        out,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        meta.req_to_token.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        CAUSAL=meta.causal,
+        INPUT_PRECISION=precision,
+        num_warps=warps,
+        num_stages=2,
+    )
+    return out

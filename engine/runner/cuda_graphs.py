@@ -1,0 +1,72 @@
+"""Decode steps captured as CUDA (HIP) graphs, one per batch-size bucket.
+
+A step body reads its inputs from static buffers (`rows`, `starts`) and writes fixed-shape
+outputs; replay launches the whole step at once, so a decode step costs the host a few
+microseconds instead of one launch per kernel. Unused bucket entries take the padding row,
+whose slots are all -1 (writes land in the sink row). Attention grids are sized for the
+longest context, so one graph serves every sequence length.
+
+Only batches whose sampling the captured body covers replay (greedy, no penalties, no
+logprobs); the others run the same body eagerly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from engine.runner.h2d import copy_into
+
+StepBody = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 384, 512)
+
+
+class GraphedStep:
+    def __init__(self, body: StepBody, max_batch: int, padding_row: int, device: torch.device,
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> None:
+        self.buckets = tuple(b for b in buckets if b <= max_batch)
+        if not self.buckets or self.buckets[-1] < max_batch:
+            self.buckets = (*self.buckets, max_batch)
+        self.padding_row = padding_row
+        size = self.buckets[-1]
+        self.rows = torch.full((size,), padding_row, dtype=torch.int64, device=device)
+        self.starts = torch.zeros(size, dtype=torch.int32, device=device)
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._outputs: dict[int, dict[str, torch.Tensor]] = {}
+        pool = torch.cuda.graph_pool_handle()
+        for bucket in reversed(self.buckets):  # largest first: smaller ones reuse its pool
+            rows, starts = self.rows[:bucket], self.starts[:bucket]
+            warmup = torch.cuda.Stream(device)
+            warmup.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(warmup):
+                for _ in range(2):
+                    body(rows, starts)
+            torch.cuda.current_stream(device).wait_stream(warmup)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._outputs[bucket] = body(rows, starts)
+            self._graphs[bucket] = graph
+
+    def bucket_for(self, batch: int) -> int | None:
+        for bucket in self.buckets:
+            if bucket >= batch:
+                return bucket
+        return None
+
+    def replay(self, rows: np.ndarray, starts: np.ndarray) -> dict[str, torch.Tensor]:
+        """Run the step for len(rows) requests; returns outputs cut to that batch, copied out
+        of the graph's buffers (the next replay overwrites them)."""
+        batch = len(rows)
+        bucket = self.bucket_for(batch)
+        assert bucket is not None
+        padded_rows = np.full(bucket, self.padding_row, dtype=np.int64)
+        padded_rows[:batch] = rows
+        padded_starts = np.zeros(bucket, dtype=np.int32)
+        padded_starts[:batch] = starts
+        copy_into(self.rows[:bucket], padded_rows)
+        copy_into(self.starts[:bucket], padded_starts)
+        self._graphs[bucket].replay()
+        return {name: t[:batch].clone() for name, t in self._outputs[bucket].items()}

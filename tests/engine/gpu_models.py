@@ -1,0 +1,34 @@
+"""Small random models for GPU engine tests: nothing to download, nothing to carry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engine.config import EngineConfig, SpeculativeConfig
+from engine.core import EngineCore
+from engine.engine_setup import build_engine_parts
+from engine.loader.load import load_model
+from tests.engine.conftest import random_drafter_dir, save_word_tokenizer
+
+
+def random_llama_dir(out: Path, vocab_words: int = 509) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    save_word_tokenizer(out, [f"w{i}" for i in range(vocab_words)])
+    config = LlamaConfig(vocab_size=vocab_words + 3, hidden_size=256, intermediate_size=512,
+                         num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+                         max_position_embeddings=4096, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(str(out))
+    return out
+
+
+def gpu_engine(tmp: Path, speculative: bool, **options: object) -> EngineCore:
+    model_dir = random_llama_dir(tmp / "model")
+    loaded = load_model(str(model_dir), dtype=torch.bfloat16, device="cuda", progress=False)
+    spec = SpeculativeConfig(drafter=str(random_drafter_dir(tmp / "drafter", loaded))) if speculative else None
+    config = EngineConfig(model=str(model_dir), device="cuda", max_model_len=1024, max_num_seqs=8,
+                          kv_cache_memory_bytes=1 << 30, speculative=spec, **options)  # type: ignore[arg-type]
+    return EngineCore(config, parts=build_engine_parts(config, loaded=loaded))
