@@ -21,7 +21,7 @@ from engine.runner.h2d import copy_into
 
 StepBody = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
 
-DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 384, 512)
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
 class GraphedStep:
