@@ -232,7 +232,7 @@ def decode_attention(
         num_splits = num_kv_splits(batch, num_kv_heads, meta.max_seq_len, q.device)
     if block_n is None:
         block_n = 64 if head_dim <= 128 else 32
-    block_d = triton.next_power_of_2(head_dim)
+    block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs K >= 16
     direct = num_splits == 1
     if direct:
         partial_o = partial_lse = q.new_empty(1, dtype=torch.float32)  # placeholder, never touched

@@ -232,7 +232,7 @@ def extend_attention(
         out.stride(1),
         GROUP=group,
         HEAD_DIM=head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),  # tl.dot needs K >= 16
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         CAUSAL=meta.causal,

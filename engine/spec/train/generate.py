@@ -67,6 +67,7 @@ class EngineGenerator:
         max_num_seqs: int = 256,
         seed: int = 0,
         kv_memory_fraction: float = ENGINE_KV_MEMORY_FRACTION,
+        **engine_options: Any,  # further EngineConfig fields
     ) -> None:
         from engine.llm import LLM
 
@@ -76,6 +77,7 @@ class EngineGenerator:
             max_num_seqs=max_num_seqs,
             seed=seed,
             kv_memory_fraction=kv_memory_fraction,
+            **engine_options,
         )
         tokenizer: Any = self.llm.tokenizer
         self.eos_token_ids = tuple(tokenizer.eos_token_ids)

@@ -8,10 +8,14 @@ at p is trained to predict the target's next gamma tokens:
   true previous token x_{p+i} (the anchor for i = 0), which is what inference feeds it
   whenever drafts 0..i-1 were accepted;
 - labels (`LabelMode`): `soft` (default) is cross-entropy against the target's full
-  distribution at p+i (the target's logits after x_{<=p+i}): its expectation equals the
-  loss on the target's sampled tokens, with far less variance, and its argmax is the
-  target's greedy token; `argmax` uses the target's greedy token; `token` uses the data's
-  next token (the target's own sample) and falls back to the argmax on corpus text;
+  distribution at p+i (its logits after x_{<=p+i}, temperature 1). On answers sampled at
+  T=1 its expectation is the loss on the sampled tokens, without their variance; its argmax
+  is the greedy token (what greedy verification accepts), and matching the whole law is
+  what sampled verification rewards (a draft is accepted with probability 1 - TV(p_T, q_T),
+  and q = p at T = 1 gives q_T = p_T at every T).
+  `argmax` trains on the greedy token only; `token` on the data's next token (the target's
+  own sample; the argmax on corpus text). On the tiny test targets the three end within
+  noise of each other; on a real target it is a flag (`--labels`) to measure;
 - rows are weighted `position_decay ** i`: acceptance is a prefix, so an early miss costs
   every later draft;
 - the confidence head learns by binary cross-entropy whether the Markov argmax at row i

@@ -145,3 +145,26 @@ def test_generate_dataset_writes_shards_resumes_and_stops_at_deadline(tmp_path) 
             generator,
             GenerationPlan(temperatures=(0.0, 0.7), max_new_tokens=9, chunk_size=10, heldout_permille=200),
         )
+
+
+@torch.no_grad()
+def test_engine_and_dense_generators_agree_on_greedy_answers(tmp_path) -> None:
+    """engine.LLM (the serving path) and the dense sampler give the same greedy answers."""
+    pytest.importorskip("engine.llm", reason="the offline engine is not importable here")
+    from train_helpers import save_hf_target
+
+    from engine.spec.train.generate import EngineGenerator
+
+    config = tiny_target_config()
+    target = tiny_target(config, seed=7)
+    save_hf_target(tmp_path / "hf", target, config)
+    engine = EngineGenerator(
+        str(tmp_path / "hf"), device="cpu", max_num_seqs=4, kv_cache_memory_bytes=1 << 20
+    )
+    dense = DenseGenerator(target, config, [EOS], torch.device("cpu"))
+    prompts = [[3, 25, 23, 9, 22, 53, 12], [3, 5, 6, 7], [3, 9, 9, 9, 9, 9, 9, 9, 9, 10], [3, 11]]
+    temps, seeds = [0.0] * 4, [1, 2, 3, 4]
+    assert engine.generate(prompts, temps, seeds, 20) == dense.generate(prompts, temps, seeds, 20)
+    sampled = engine.generate(prompts, [1.0] * 4, seeds, 20)
+    assert sampled == engine.generate(prompts, [1.0] * 4, seeds, 20)  # seeded per request
+    assert all(EOS not in answer[:-1] for answer in sampled)

@@ -1,0 +1,221 @@
+"""The Triton kernels under TRITON_INTERPRET=1 on CPU, against the torch backend and a
+float64 per-request loop. Shapes are tiny (the interpreter runs each program in Python);
+tiles of 16 make every request span several key blocks, query blocks and splits.
+
+Not collected by a plain `pytest` run (the name lacks `test_`): test_attention_triton.py
+runs this file in a subprocess with TRITON_INTERPRET=1, because the variable must be set
+before triton itself is first imported (see there). Run it directly with
+`TRITON_INTERPRET=1 python -m pytest tests/attention/interpreter_cases.py`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from attention_cases import (
+    SCENARIOS,
+    make_case,
+    reference_attention,
+    scenario_case,
+    stored_caches_float64,
+    tolerance,
+)
+
+triton = pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("needs TRITON_INTERPRET=1 set before triton is imported", allow_module_level=True)
+
+import numpy as np  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+INCOMPATIBLE = "interpreter-incompatible"
+
+
+@triton.jit
+def _runtime_loop_probe(out_ptr):
+    for i in range(tl.program_id(0), 2):  # loop bounds from a runtime value, as the kernels do
+        tl.store(out_ptr + i, i)
+
+
+def _interpreter_runs_runtime_loops() -> bool:
+    try:
+        _runtime_loop_probe[(1,)](torch.zeros(2, dtype=torch.int32))
+    except Exception as exc:  # triton <= 3.6's interpreter calls int() on 1-element arrays
+        if "0-dimensional" in repr(exc):
+            return False
+        raise
+    return True
+
+
+if not _interpreter_runs_runtime_loops():
+    pytest.skip(
+        f"{INCOMPATIBLE}: the interpreter of triton {triton.__version__} cannot run loops with "
+        f"runtime bounds under numpy {np.__version__} (use numpy<2.4 or a newer triton)",
+        allow_module_level=True,
+    )
+
+import engine.attention.store_kv as store_kv_module  # noqa: E402
+import engine.attention.triton_backend as triton_backend  # noqa: E402
+import engine.attention.triton_decode as triton_decode  # noqa: E402
+import engine.attention.triton_extend as triton_extend  # noqa: E402
+from engine.attention import TorchAttentionBackend, select_backend  # noqa: E402
+
+GQA = {1: (2, 2), 3: (6, 2), 4: (4, 1)}  # group -> (Hq, Hkv)
+
+
+def stored(case):
+    """Caches after the torch store (the kernels only read them)."""
+    k_cache, v_cache = case.clone_caches()
+    store_kv_module.store_kv_torch(case.k, case.v, k_cache, v_cache, case.meta.out_slots)
+    return k_cache, v_cache
+
+
+def check(case, out: torch.Tensor) -> None:
+    assert not out.isnan().any(), "a row was not written (or read a poisoned key)"
+    torch.testing.assert_close(out.double(), reference_attention(case), **tolerance(case.q.dtype))
+    k_cache, v_cache = stored(case)
+    torch_out = TorchAttentionBackend().forward(
+        case.q, case.k, case.v, k_cache, v_cache, case.meta, case.scale
+    )
+    torch.testing.assert_close(out, torch_out, **tolerance(case.q.dtype))
+
+
+def poisoned(case) -> torch.Tensor:
+    return torch.full_like(case.q, float("nan"))
+
+
+@pytest.mark.parametrize(
+    ("page_size", "dtype"), [(1, torch.float32), (16, torch.float32), (16, torch.bfloat16)]
+)
+def test_store_kv_triton(page_size: int, dtype: torch.dtype, seed: int):
+    case = scenario_case(
+        "ragged-causal", seed, num_q_heads=6, num_kv_heads=3, page_size=page_size, dtype=dtype
+    )
+    k_cache, v_cache = case.clone_caches()
+    sink_k = k_cache[-1].clone()
+    store_kv_module.store_kv_triton(case.k, case.v, k_cache, v_cache, case.meta.out_slots)
+    k_ref, v_ref = stored_caches_float64(case)
+    torch.testing.assert_close(k_cache.double(), k_ref, equal_nan=True, atol=0, rtol=0)
+    torch.testing.assert_close(v_cache.double(), v_ref, equal_nan=True, atol=0, rtol=0)
+    assert torch.equal(k_cache[-1].isnan(), sink_k.isnan()), "slot -1 must not be written"
+
+
+@pytest.mark.parametrize(
+    ("scenario", "group", "page_size", "num_splits"),
+    [
+        ("decode", 1, 1, None),
+        ("decode", 3, 16, 3),
+        ("decode", 4, 1, 1),
+        ("verify", 4, 16, 2),
+        ("verify", 1, 1, 1),
+        ("drafter", 3, 1, 3),
+        ("drafter", 4, 16, 1),
+        ("ragged-causal", 3, 16, 2),
+        ("ragged-noncausal", 1, 1, 1),
+    ],
+)
+def test_split_kv_kernel(scenario: str, group: int, page_size: int, num_splits: int | None, seed: int):
+    hq, hkv = GQA[group]
+    max_len = 12 if scenario.startswith("ragged") else 32  # every request's rows in one tile
+    case = scenario_case(
+        scenario, seed, num_q_heads=hq, num_kv_heads=hkv, page_size=page_size, max_len=max_len
+    )
+    assert triton_decode.split_kv_rows(case.meta, group) <= triton_decode.MAX_ROWS
+    k_cache, v_cache = stored(case)
+    out = poisoned(case)
+    triton_decode.decode_attention(
+        case.q, k_cache, v_cache, case.meta, case.scale, out, num_splits=num_splits, block_n=16
+    )
+    check(case, out)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "group", "page_size"),
+    [
+        ("ragged-causal", 1, 1),
+        ("ragged-causal", 3, 16),
+        ("ragged-causal", 4, 16),
+        ("ragged-noncausal", 3, 1),
+        ("ragged-noncausal", 4, 16),
+        ("verify", 3, 16),
+        ("drafter", 4, 1),
+        ("decode", 3, 16),
+    ],
+)
+def test_extend_kernel(scenario: str, group: int, page_size: int, seed: int):
+    hq, hkv = GQA[group]
+    case = scenario_case(scenario, seed, num_q_heads=hq, num_kv_heads=hkv, page_size=page_size)
+    k_cache, v_cache = stored(case)
+    out = poisoned(case)
+    triton_extend.extend_attention(
+        case.q, k_cache, v_cache, case.meta, case.scale, out, block_m=16, block_n=16
+    )
+    check(case, out)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 48])  # 48: a padded (non power of two) tile
+def test_kernels_real_head_dims(head_dim: int, seed: int):
+    case = make_case(
+        seed, [9, 1, 4], [0, 20, 6], num_q_heads=4, num_kv_heads=1, head_dim=head_dim, page_size=16
+    )
+    k_cache, v_cache = stored(case)
+    out = poisoned(case)
+    triton_extend.extend_attention(
+        case.q, k_cache, v_cache, case.meta, case.scale, out, block_m=16, block_n=16
+    )
+    check(case, out)
+    decode = make_case(
+        seed + 1, [1, 1], [30, 3], num_q_heads=4, num_kv_heads=1, head_dim=head_dim, uniform=True
+    )
+    k_cache, v_cache = stored(decode)
+    out = poisoned(decode)
+    triton_decode.decode_attention(decode.q, k_cache, v_cache, decode.meta, decode.scale, out, num_splits=2)
+    check(decode, out)
+
+
+@pytest.mark.parametrize("scenario", ["decode", "verify", "ragged-causal", "drafter"])
+def test_triton_backend_forward(scenario: str, seed: int):
+    """Store + kernel choice as the model calls it (half-precision, default tiles)."""
+    case = scenario_case(scenario, seed, num_q_heads=6, num_kv_heads=2, page_size=16, dtype=torch.float16)
+    backend = select_backend("triton", "cpu")
+    assert isinstance(backend, triton_backend.TritonAttentionBackend)
+    k_cache, v_cache = case.clone_caches()
+    out = backend.forward(case.q, case.k, case.v, k_cache, v_cache, case.meta, case.scale, out=poisoned(case))
+    check(case, out)
+    k_ref, _ = stored_caches_float64(case)
+    torch.testing.assert_close(k_cache[:-1].double(), k_ref[:-1], equal_nan=True, atol=0, rtol=0)
+
+
+def test_empty_request_rows_are_zero(seed: int):
+    """A padding request (seq_len 0) of a uniform decode batch gets a zero row from both
+    kernels, as from the torch backend; split merging must not produce NaN."""
+    case = make_case(seed, [1, 1, 1], [4, 9, 2], num_q_heads=6, num_kv_heads=2, uniform=True)
+    expected = reference_attention(case)
+    case.meta.seq_lens[1] = 0
+    case.meta.out_slots[1] = -1
+    k_cache, v_cache = stored(case)
+    for run in (
+        lambda out: triton_decode.decode_attention(
+            case.q, k_cache, v_cache, case.meta, case.scale, out, num_splits=1
+        ),
+        lambda out: triton_decode.decode_attention(
+            case.q, k_cache, v_cache, case.meta, case.scale, out, num_splits=2
+        ),
+        lambda out: triton_extend.extend_attention(case.q, k_cache, v_cache, case.meta, case.scale, out),
+    ):
+        out = run(poisoned(case))
+        assert torch.all(out[1] == 0)
+        torch.testing.assert_close(out[[0, 2]].double(), expected[[0, 2]], **tolerance(torch.float32))
+
+
+def test_num_kv_splits_uses_host_bounds_only():
+    cpu = torch.device("cpu")
+    assert triton_decode.num_kv_splits(256, 8, 4096, cpu) == 1
+    assert triton_decode.num_kv_splits(1, 1, 100, cpu) == 1  # shorter than one split
+    assert 1 < triton_decode.num_kv_splits(1, 1, 4096, cpu) <= triton_decode.MAX_SPLITS
+
+
+def test_scenarios_cover_every_kind():
+    assert set(SCENARIOS) == {"decode", "verify", "drafter", "ragged-causal", "ragged-noncausal"}

@@ -1,0 +1,143 @@
+"""The torch backend against a float64 per-request loop, on CPU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from attention_cases import (
+    SCENARIOS,
+    make_case,
+    reference_attention,
+    scenario_case,
+    stored_caches_float64,
+    tolerance,
+)
+
+from engine.attention import TorchAttentionBackend, select_backend
+from engine.attention.store_kv import store_kv, store_kv_torch
+from engine.sync_guard import SyncGuard
+
+GQA = [(4, 4), (6, 2), (8, 2)]  # (Hq, Hkv): group 1, 3, 4
+
+
+def run_torch(case, **backend_kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    k_cache, v_cache = case.clone_caches()
+    out = torch.full_like(case.q, float("nan"))  # poison: every row must be written
+    TorchAttentionBackend(**backend_kwargs).forward(
+        case.q, case.k, case.v, k_cache, v_cache, case.meta, case.scale, out=out
+    )
+    return out, k_cache, v_cache
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("heads", GQA, ids=lambda h: f"hq{h[0]}-hkv{h[1]}")
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_torch_backend_matches_float64_loop(scenario: str, heads: tuple[int, int], page_size: int, seed: int):
+    case = scenario_case(scenario, seed, num_q_heads=heads[0], num_kv_heads=heads[1], page_size=page_size)
+    out, k_cache, v_cache = run_torch(case)
+    torch.testing.assert_close(out.double(), reference_attention(case), **tolerance(torch.float32))
+    k_ref, v_ref = stored_caches_float64(case)
+    # every real slot equals the expected store (NaN where never written); the sink is free
+    torch.testing.assert_close(k_cache[:-1].double(), k_ref[:-1], equal_nan=True, atol=0, rtol=0)
+    torch.testing.assert_close(v_cache[:-1].double(), v_ref[:-1], equal_nan=True, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("scenario", ["decode", "ragged-causal", "drafter"])
+def test_torch_backend_real_head_dims(scenario: str, head_dim: int, seed: int):
+    case = scenario_case(scenario, seed, num_q_heads=8, num_kv_heads=2, head_dim=head_dim, page_size=16)
+    out, _, _ = run_torch(case)
+    torch.testing.assert_close(out.double(), reference_attention(case), **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 20_000])
+@pytest.mark.parametrize("scenario", ["decode", "ragged-causal", "ragged-noncausal", "verify"])
+def test_torch_backend_chunked_matches_unchunked(scenario: str, chunk_bytes: int, seed: int):
+    """A tiny budget forces one request (and one query row) per chunk."""
+    case = scenario_case(scenario, seed, num_q_heads=6, num_kv_heads=2, page_size=16)
+    out_chunked, _, _ = run_torch(case, chunk_bytes=chunk_bytes)
+    out_whole, _, _ = run_torch(case)
+    torch.testing.assert_close(out_chunked, out_whole, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(out_chunked.double(), reference_attention(case), **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_torch_backend_low_precision(dtype: torch.dtype, seed: int):
+    case = scenario_case("ragged-causal", seed, num_q_heads=8, num_kv_heads=2, head_dim=64, dtype=dtype)
+    out, _, _ = run_torch(case)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), reference_attention(case), **tolerance(dtype))
+
+
+def test_torch_backend_tight_bounds_and_single_token(seed: int):
+    """Host bounds equal to the true maxima, and a batch of one one-token prompt."""
+    case = make_case(seed, [7, 3], [0, 5], num_q_heads=4, num_kv_heads=1, bound_slack=0)
+    out, _, _ = run_torch(case)
+    torch.testing.assert_close(out.double(), reference_attention(case), **tolerance(torch.float32))
+    case = make_case(seed, [1], [0], num_q_heads=4, num_kv_heads=2, uniform=True, bound_slack=0)
+    out, _, _ = run_torch(case)
+    torch.testing.assert_close(out.double(), reference_attention(case), **tolerance(torch.float32))
+
+
+def test_torch_backend_empty_request_rows_are_zero(seed: int):
+    """A padding request (seq_len 0, slot -1) in a uniform decode batch: its row is 0, the
+    others are unaffected."""
+    case = make_case(seed, [1, 1, 1], [4, 9, 2], num_q_heads=6, num_kv_heads=2, uniform=True)
+    expected = reference_attention(case)
+    meta = case.meta
+    meta.seq_lens[1] = 0
+    meta.out_slots[1] = -1
+    out, _, _ = run_torch(case)
+    assert torch.all(out[1] == 0)
+    torch.testing.assert_close(out[[0, 2]].double(), expected[[0, 2]], **tolerance(torch.float32))
+
+
+def test_torch_backend_empty_forward():
+    case = make_case(0, [0, 0], [3, 0], uniform=False)
+    out, _, _ = run_torch(case)
+    assert out.shape == (0, 4, 32)
+
+
+def test_store_kv_torch_writes_skips_into_the_sink(seed: int):
+    case = scenario_case("ragged-causal", seed, page_size=16)
+    k_cache, v_cache = case.clone_caches()
+    store_kv_torch(case.k, case.v, k_cache, v_cache, case.meta.out_slots)
+    k_ref, v_ref = stored_caches_float64(case)
+    torch.testing.assert_close(k_cache[:-1].double(), k_ref[:-1], equal_nan=True, atol=0, rtol=0)
+    torch.testing.assert_close(v_cache[:-1].double(), v_ref[:-1], equal_nan=True, atol=0, rtol=0)
+    k2, v2 = case.clone_caches()
+    store_kv(case.k, case.v, k2, v2, case.meta.out_slots)  # CPU dispatch -> the torch path
+    torch.testing.assert_close(k2, k_cache, equal_nan=True, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_torch_backend_is_sync_free(scenario: str, seed: int):
+    case = scenario_case(scenario, seed, num_q_heads=6, num_kv_heads=2, page_size=16)
+    k_cache, v_cache = case.clone_caches()
+    backend = TorchAttentionBackend(chunk_bytes=30_000)  # chunked loops too
+    with SyncGuard("cpu"):
+        out = backend.forward(case.q, case.k, case.v, k_cache, v_cache, case.meta, case.scale)
+    torch.testing.assert_close(out.double(), reference_attention(case), **tolerance(torch.float32))
+
+
+def test_meta_shape_errors_are_precise():
+    case = make_case(0, [2, 2], [1, 1], uniform=True)
+    bad = dataclasses.replace(case.meta, num_tokens=3)
+    with pytest.raises(ValueError, match="num_tokens"):
+        k_cache, v_cache = case.clone_caches()
+        TorchAttentionBackend().forward(case.q, case.k, case.v, k_cache, v_cache, bad, case.scale)
+
+
+def test_select_backend():
+    assert isinstance(select_backend("auto", "cpu"), TorchAttentionBackend)
+    assert isinstance(select_backend("torch", torch.device("cpu")), TorchAttentionBackend)
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        select_backend("flash", "cpu")
+
+
+def test_select_backend_triton_on_cpu_needs_the_interpreter(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="TRITON_INTERPRET"):
+        select_backend("triton", "cpu")
