@@ -69,8 +69,11 @@ def build_engine_parts(config: EngineConfig, loaded: LoadedModel | None = None) 
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     if loaded is None:
-        loaded = load_model(config.model, dtype=dtype, device=device, tokenizer=config.tokenizer)
+        loaded = load_model(config.model, dtype=dtype, device=device, tokenizer=config.tokenizer,
+                            tensor_parallel_size=config.tensor_parallel_size)
     mc = loaded.config
+    # Under tensor parallelism each rank caches its own share of the KV heads.
+    local_kv_heads = loaded.model.model.layers[0].self_attn.num_kv_heads  # type: ignore[union-attr,index]
     max_model_len = min(config.max_model_len or mc.max_position, mc.max_position)
     spec = (build_spec(config.speculative, loaded.name, loaded.model, mc, device, dtype)
             if config.speculative else None)
@@ -78,7 +81,7 @@ def build_engine_parts(config: EngineConfig, loaded: LoadedModel | None = None) 
     page_size = config.page_size or (1 if device.type == "cpu" else 16)
     max_context = max_model_len + 2 * step_width + page_size
 
-    bytes_per_slot = KVPool.bytes_per_slot(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
+    bytes_per_slot = KVPool.bytes_per_slot(mc.num_layers, local_kv_heads, mc.head_dim, dtype)
     if spec is not None:
         bytes_per_slot += spec.kv_bytes_per_slot(dtype)
     num_slots = _kv_budget_bytes(config, device) // bytes_per_slot
@@ -94,7 +97,7 @@ def build_engine_parts(config: EngineConfig, loaded: LoadedModel | None = None) 
                           max_num_batched_tokens=config.max_num_batched_tokens,
                           chunked_prefill=config.chunked_prefill, max_model_len=max_model_len,
                           step_width=step_width)
-    runner = ModelRunner(loaded.model, num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads,
+    runner = ModelRunner(loaded.model, num_layers=mc.num_layers, num_kv_heads=local_kv_heads,
                          head_dim=mc.head_dim, vocab_size=mc.vocab_size, num_slots=num_slots,
                          max_rows=config.max_num_seqs, dtype=dtype, device=device,
                          attention_backend=config.attention_backend, req_to_token=kv.table.device_table,

@@ -1,0 +1,120 @@
+"""Offline generation speed on CPU with the embedded SmolLM2, side by side in one run:
+
+- our engine, plain greedy decoding, at batch 1 and 16;
+- our engine with DSpark (the shipped drafter) at the same batches;
+- Hugging Face transformers `generate` on the same prompts and weights (the peer).
+
+    python benchmarks/cpu_offline.py [--batches 1,16] [--new-tokens 64] [--out results.json]
+
+Every system gets the same chat prompts and greedy decoding with EOS ignored, so each
+produces exactly --new-tokens tokens per prompt; tokens/s counts generated tokens over the
+wall time of the whole generate call (prefill included). Ratios are printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.config import EngineConfig, SpeculativeConfig  # noqa: E402
+from engine.core import EngineCore  # noqa: E402
+from engine.engine_setup import build_engine_parts  # noqa: E402
+from engine.loader.load import load_model  # noqa: E402
+from engine.loader.resolve import resolve_model  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
+from engine.spec.setup import shipped_drafter  # noqa: E402
+from tests.data.prompts import CHAT_PROMPTS  # noqa: E402
+
+
+def prompts_for(tokenizer: Any, n: int) -> list[list[int]]:
+    convs = [CHAT_PROMPTS[i % len(CHAT_PROMPTS)] for i in range(n)]
+    return [tokenizer.encode(tokenizer.apply_chat_template(c, add_generation_prompt=True), add_special_tokens=False)
+            for c in convs]
+
+
+def run_engine(engine: EngineCore, prompts: list[list[int]], new_tokens: int) -> tuple[float, EngineCore]:
+    params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    start = time.perf_counter()
+    for i, p in enumerate(prompts):
+        engine.add_request(f"b{i}-{time.perf_counter_ns()}", p, params)
+    produced = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            produced += len(out.new_token_ids)
+    elapsed = time.perf_counter() - start
+    assert produced == len(prompts) * new_tokens, (produced, len(prompts) * new_tokens)
+    return produced / elapsed, engine
+
+
+def run_hf(prompts: list[list[int]], new_tokens: int) -> float:
+    from transformers import AutoModelForCausalLM
+
+    source = resolve_model("smollm2-135m")
+    model = AutoModelForCausalLM.from_pretrained(str(source.path.parent), gguf_file=source.path.name,
+                                                 torch_dtype=torch.float32).eval()
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])  # left padding
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    model.generate(ids[:, -8:], attention_mask=mask[:, -8:], max_new_tokens=2, do_sample=False, pad_token_id=0)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                       do_sample=False, pad_token_id=0)
+    return len(prompts) * new_tokens / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", default="1,16")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--skip-hf", action="store_true")
+    args = parser.parse_args()
+    loaded = load_model("smollm2-135m", dtype=torch.float32, device="cpu", progress=False)
+    drafter = shipped_drafter("smollm2-135m")
+    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "threads": torch.get_num_threads(),
+                               "new_tokens": args.new_tokens, "rows": []}
+    for batch in (int(b) for b in args.batches.split(",")):
+        prompts = prompts_for(loaded.tokenizer, batch)
+        row: dict[str, Any] = {"batch": batch}
+        variants = {"engine": None}
+        if drafter is not None:
+            variants["engine_dspark"] = SpeculativeConfig(drafter=str(drafter))
+        for name, spec in variants.items():
+            config = EngineConfig(model="smollm2-135m", device="cpu", max_num_seqs=max(batch, 1),
+                                  max_model_len=2048, speculative=spec)
+            engine = EngineCore(config, parts=build_engine_parts(config, loaded=loaded))
+            run_engine(engine, prompts[:1], 8)  # warm-up
+            row[name], engine = run_engine(engine, prompts, args.new_tokens)
+            if spec is not None:
+                stats = engine.stats()
+                row["dspark_mean_accept_len"] = (stats.spec_accepted_tokens_total + stats.spec_verify_steps_total) \
+                    / max(stats.spec_verify_steps_total, 1)
+        if not args.skip_hf:
+            row["transformers"] = run_hf(prompts, args.new_tokens)
+            row["engine_vs_transformers"] = row["engine"] / row["transformers"]
+        if "engine_dspark" in row:
+            row["dspark_vs_engine"] = row["engine_dspark"] / row["engine"]
+        results["rows"].append(row)
+        print(json.dumps(row), flush=True)
+    print("\n| batch | engine tok/s | DSpark tok/s | transformers tok/s | engine / transformers | DSpark / engine |")
+    print("|---|---|---|---|---|---|")
+    for r in results["rows"]:
+        cells = [r["batch"], r["engine"], r.get("engine_dspark"), r.get("transformers"),
+                 r.get("engine_vs_transformers"), r.get("dspark_vs_engine")]
+        print("| " + " | ".join("-" if c is None else (f"{c:.2f}" if isinstance(c, float) else str(c))
+                                for c in cells) + " |")
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
