@@ -1,0 +1,104 @@
+"""What `up`, `gateway` and `worker` share: logging, Ray connection, serving the gateway."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def connect_ray(address: str | None, namespace: str, **init_kwargs: Any) -> None:
+    import os
+
+    import ray
+
+    if address is None:  # a new private cluster on this machine: no token to distribute
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if ray.is_initialized():
+        return
+    ray.init(
+        address=address or "local",
+        namespace=namespace,
+        include_dashboard=False,
+        log_to_driver=True,
+        **init_kwargs,
+    )
+
+
+def wait_for_workers(handles: dict[str, Any], timeout_s: float, label: str) -> None:
+    """Block until the actors have loaded their model, with a progress bar on stderr."""
+    from tqdm import tqdm
+
+    from services.workers.deploy import wait_ready
+
+    start = time.monotonic()
+    with tqdm(
+        total=len(handles),
+        desc=label,
+        unit="worker",
+        file=sys.stderr,
+        bar_format="{desc}: {n}/{total} workers ready [{elapsed}]",
+    ) as bar:
+        wait_ready(handles, timeout_s, on_ready=lambda name: bar.update(1))
+    logging.getLogger("dspark").info("%d workers ready in %.1f s", len(handles), time.monotonic() - start)
+
+
+def serve_gateway(app: Any, args: argparse.Namespace, ready_line: Callable[[], str | None]) -> int:
+    """Run uvicorn until interrupted; print `ready_line()` once the gateway can serve."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level.lower(),
+        access_log=args.log_level.lower() == "debug",
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(config)
+
+    async def announce() -> None:
+        while not server.started:
+            await asyncio.sleep(0.05)
+        while not app.state.gateway.pool.ready():
+            await asyncio.sleep(0.2)
+        line = ready_line()
+        if line:
+            print(line, flush=True)
+
+    async def main() -> None:
+        task = asyncio.create_task(announce())
+        try:
+            await server.serve()
+        finally:
+            task.cancel()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:  # uvicorn re-raises the stop signal after its graceful shutdown
+        pass
+    except SystemExit as exc:  # ... which Ray's SIGTERM handler turns into sys.exit(15)
+        if exc.code not in (signal.SIGTERM, signal.SIGINT):
+            raise
+    return 0
+
+
+def describe_pool(app: Any) -> str:
+    pool = app.state.gateway.pool
+    counts: dict[str, int] = {}
+    for replica in pool.healthy():
+        counts[replica.role] = counts.get(replica.role, 0) + 1
+    return ", ".join(f"{role}={n}" for role, n in sorted(counts.items()))

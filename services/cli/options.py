@@ -1,0 +1,323 @@
+"""Command-line options shared by the subcommands, and their environment variables.
+
+Every long option `--foo-bar` can also be set as `DSPARK_FOO_BAR` (the Helm chart sets
+options that way). Precedence: command line, then environment, then the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from typing import Any
+
+ENV_PREFIX = "DSPARK_"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_var_for(option: str, prefix: str = ENV_PREFIX) -> str:
+    """`--foo-bar` -> `DSPARK_FOO_BAR`."""
+    return prefix + option.lstrip("-").replace("-", "_").upper()
+
+
+def _long_option(action: argparse.Action) -> str | None:
+    for option in action.option_strings:
+        if option.startswith("--") and not option.startswith("--no-"):
+            return option
+    return None
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"expected one of {sorted(_TRUE | _FALSE - {''})}")
+
+
+def _convert(action: argparse.Action, text: str) -> Any:
+    if isinstance(action, argparse.BooleanOptionalAction | argparse._StoreTrueAction):
+        return _parse_bool(text)
+    if isinstance(action, argparse._StoreFalseAction):
+        return not _parse_bool(text)
+    if isinstance(action, argparse._StoreConstAction):
+        return action.const if _parse_bool(text) else action.default
+    convert = action.type if callable(action.type) else str
+    values: Any
+    if action.nargs in ("+", "*") or isinstance(action, argparse._AppendAction):
+        values = [convert(item.strip()) for item in text.split(",") if item.strip()]
+    else:
+        values = convert(text)
+    candidates = values if isinstance(values, list) else [values]
+    if action.choices is not None:
+        for value in candidates:
+            if value not in action.choices:
+                raise ValueError(f"{value!r} is not one of {sorted(map(str, action.choices))}")
+    return values
+
+
+def apply_env_defaults(
+    parser: argparse.ArgumentParser, environ: Mapping[str, str] | None = None, prefix: str = ENV_PREFIX
+) -> None:
+    """Make `DSPARK_*` variables the defaults of the matching options (recursing into
+    subcommands), and name the variable in each option's help."""
+    env = os.environ if environ is None else environ
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                apply_env_defaults(sub, env, prefix)
+            continue
+        option = _long_option(action)
+        if option is None or action.dest == "help":
+            continue
+        name = env_var_for(option, prefix)
+        if action.help is not argparse.SUPPRESS:
+            action.help = f"{action.help or ''} [env: {name}]".strip()
+        if name not in env:
+            continue
+        try:
+            action.default = _convert(action, env[name])
+        except (ValueError, TypeError) as exc:
+            parser.error(f"environment variable {name}={env[name]!r}: {exc}")
+        action.required = False
+
+
+def comma_list(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+# -- option groups ------------------------------------------------------------------------
+
+
+def add_engine_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine")
+    group.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="model alias, Hugging Face directory or GGUF file (default: %(default)s)",
+    )
+    group.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default: %(default)s)")
+    group.add_argument(
+        "--dtype", default="auto", help="auto, float32, bfloat16, float16 (default: %(default)s)"
+    )
+    group.add_argument(
+        "--max-model-len", type=int, default=None, help="context length (default: the model's)"
+    )
+    group.add_argument(
+        "--max-num-seqs", type=int, default=64, help="requests batched per step (default: %(default)s)"
+    )
+    group.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=2048,
+        help="tokens per step, the prefill chunk (default: %(default)s)",
+    )
+    group.add_argument(
+        "--page-size", type=int, default=0, help="KV page size, 0 = auto (default: %(default)s)"
+    )
+    group.add_argument("--kv-cache-memory-bytes", type=int, default=0, help="KV pool size, 0 = auto")
+    group.add_argument(
+        "--prefix-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse KV of shared prompt prefixes (default: on)",
+    )
+    group.add_argument(
+        "--speculative",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="DSpark speculative decoding; auto = on when the model ships a drafter",
+    )
+    group.add_argument(
+        "--drafter", default=None, help="drafter checkpoint directory (default: the shipped one)"
+    )
+    group.add_argument("--gamma", type=int, default=None, help="draft block size (default: the drafter's)")
+    group.add_argument("--seed", type=int, default=0, help="engine seed (default: %(default)s)")
+    group.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per worker (default: 1)")
+
+
+def shipped_drafter_available(model: str) -> bool:
+    try:
+        from engine.spec.setup import shipped_drafter
+    except ImportError:
+        return False
+    return shipped_drafter(model) is not None
+
+
+def engine_config_from_args(args: argparse.Namespace) -> Any:
+    from engine.config import EngineConfig, SpeculativeConfig
+
+    speculative = None
+    if (
+        args.speculative == "on"
+        or args.drafter
+        or (args.speculative == "auto" and shipped_drafter_available(args.model))
+    ):
+        speculative = SpeculativeConfig(drafter=args.drafter, gamma=args.gamma)
+    if args.speculative == "off":
+        speculative = None
+    return EngineConfig(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        page_size=args.page_size,
+        kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        enable_prefix_cache=args.prefix_cache,
+        tensor_parallel_size=args.tensor_parallel_size,
+        speculative=speculative,
+    )
+
+
+def add_ray_options(parser: argparse.ArgumentParser, *, address_default: str | None) -> None:
+    group = parser.add_argument_group("ray")
+    group.add_argument(
+        "--ray-address",
+        default=address_default,
+        help="Ray cluster to join ('auto': this node's; unset: a new local one; default: %(default)s)",
+    )
+    group.add_argument(
+        "--namespace", default="dspark", help="Ray namespace of the workers (default: %(default)s)"
+    )
+    group.add_argument(
+        "--deployment", default="dspark", help="name prefix of the worker actors (default: %(default)s)"
+    )
+
+
+def add_worker_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("workers")
+    group.add_argument("--worker-cpus", type=float, default=1.0, help="Ray CPUs per worker (default: 1)")
+    group.add_argument(
+        "--worker-gpus",
+        type=float,
+        default=None,
+        help="Ray GPUs per worker (default: tensor-parallel-size when a GPU is present, else 0)",
+    )
+    group.add_argument(
+        "--torch-threads", type=int, default=0, help="torch threads per worker, 0 = torch's default"
+    )
+    group.add_argument(
+        "--max-restarts",
+        type=int,
+        default=-1,
+        help="restarts of a crashed worker, -1 = always (default: %(default)s)",
+    )
+    group.add_argument("--kv-transfer", default="ray", help="KV hand-off transport (default: %(default)s)")
+    group.add_argument(
+        "--consumer-lease",
+        type=float,
+        default=30.0,
+        help="seconds without a poll after which a worker drops a gateway's requests",
+    )
+    group.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=900.0,
+        help="seconds to wait for workers to load the model (default: %(default)s)",
+    )
+
+
+def worker_options_from_args(
+    args: argparse.Namespace, *, detached: bool, pin_to_local_node: bool = False
+) -> Any:
+    from services.workers.deploy import WorkerOptions
+
+    gpus = args.worker_gpus
+    if gpus is None:
+        gpus = float(args.tensor_parallel_size) if args.device != "cpu" and _gpu_present() else 0.0
+    return WorkerOptions(
+        kv_transfer=args.kv_transfer,
+        consumer_lease_s=args.consumer_lease,
+        max_restarts=args.max_restarts,
+        num_cpus=args.worker_cpus,
+        num_gpus=gpus,
+        torch_threads=args.torch_threads,
+        detached=detached,
+        pin_to_local_node=pin_to_local_node,
+    )
+
+
+def _gpu_present() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+def add_gateway_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("gateway")
+    group.add_argument("--host", default="127.0.0.1", help="listen address (default: %(default)s)")
+    group.add_argument("--port", type=int, default=8000, help="listen port (default: %(default)s)")
+    group.add_argument(
+        "--api-keys",
+        type=comma_list,
+        default=(),
+        help="comma-separated keys accepted as 'Authorization: Bearer KEY' (default: none)",
+    )
+    group.add_argument(
+        "--served-model-name",
+        type=comma_list,
+        default=(),
+        help="extra model ids accepted besides the workers' own (comma-separated)",
+    )
+    group.add_argument(
+        "--max-body-bytes", type=int, default=8 * 1024 * 1024, help="request body limit (413 above)"
+    )
+    group.add_argument(
+        "--max-queued-per-worker",
+        type=int,
+        default=None,
+        help="requests queued per worker beyond its batch before 429 (default: max-num-seqs)",
+    )
+    group.add_argument(
+        "--max-inflight-per-worker",
+        type=int,
+        default=None,
+        help="hard cap on requests per worker (default: none)",
+    )
+    group.add_argument("--kv-transfer-timeout", type=float, default=30.0, help="seconds per KV hand-off")
+    group.add_argument("--stats-interval", type=float, default=0.5, help="seconds between worker stats polls")
+    group.add_argument("--router-block-tokens", type=int, default=16, help="tokens per prefix-affinity block")
+    group.add_argument(
+        "--router-balance-slack",
+        type=int,
+        default=4,
+        help="extra queued requests accepted to follow a cached prefix",
+    )
+    group.add_argument(
+        "--skip-prefill-max-tokens",
+        type=int,
+        default=0,
+        help="decode directly when at most this many prompt tokens are uncached (0: never)",
+    )
+    group.add_argument("--log-level", default="info", help="debug, info, warning (default: %(default)s)")
+
+
+def gateway_config_from_args(args: argparse.Namespace) -> Any:
+    from services.gateway.config import GatewayConfig
+    from services.gateway.pool import PoolConfig
+    from services.router import RouterConfig
+
+    return GatewayConfig(
+        served_model_names=tuple(args.served_model_name),
+        api_keys=tuple(args.api_keys),
+        max_body_bytes=args.max_body_bytes,
+        kv_transfer_timeout_s=args.kv_transfer_timeout,
+        pool=PoolConfig(
+            stats_interval_s=args.stats_interval,
+            max_queued_per_worker=args.max_queued_per_worker,
+            max_inflight_per_worker=args.max_inflight_per_worker,
+        ),
+        router=RouterConfig(
+            block_tokens=args.router_block_tokens,
+            balance_slack=args.router_balance_slack,
+            skip_prefill_max_tokens=args.skip_prefill_max_tokens,
+        ),
+    )

@@ -1,0 +1,6 @@
+"""The OpenAI-compatible HTTP gateway (DESIGN.md §6)."""
+
+from services.gateway.app import create_app
+from services.gateway.config import GatewayConfig
+
+__all__ = ["GatewayConfig", "create_app"]

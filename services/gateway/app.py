@@ -1,0 +1,353 @@
+"""The OpenAI-compatible gateway: a FastAPI app over a pool of workers.
+
+`create_app(discovery, config)` builds it; the lifespan starts the worker pool (discovery,
+health monitors, output pumps) and stops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+
+from services.gateway.body import read_json_object
+from services.gateway.config import GatewayConfig
+from services.gateway.dispatcher import Dispatcher
+from services.gateway.errors import (
+    APIError,
+    AuthenticationFailed,
+    InternalError,
+    InvalidRequest,
+    MethodNotAllowed,
+    ModelNotFound,
+    NotFound,
+    ServiceUnavailable,
+)
+from services.gateway.pool import Discovery, Replica, WorkerPool
+from services.gateway.preprocess import chat_jobs, completion_jobs, tokenizer_vocab_size
+from services.gateway.protocol import parse_chat, parse_completion
+from services.gateway.responses import ChatFormatter, CompletionFormatter, TokenText
+from services.gateway.serving import Generation, GenerationRunner, new_response_id
+from services.gateway.telemetry import UNKNOWN_MODEL, RequestMetrics, RequestTimer, WorkerStatsExporter
+from services.metrics import Metrics
+from services.router import Router
+from services.workers.types import StatsSnapshot
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Admission:
+    """What is known of a request while it is being admitted (for its metric labels)."""
+
+    requested_model: str | None = None
+
+
+@dataclass
+class Gateway:
+    """Everything the routes share (reachable as `app.state.gateway`)."""
+
+    config: GatewayConfig
+    pool: WorkerPool
+    dispatcher: Dispatcher
+    metrics: Metrics
+    request_metrics: RequestMetrics
+    exporter: WorkerStatsExporter
+    runner: GenerationRunner
+    started_s: float
+    _token_text: TokenText | None = None
+
+    def model_info(self) -> tuple[str, int, Any]:
+        """(model id, max_model_len, tokenizer) of the workers; 503 until one is ready."""
+        info = self.pool.any_info()
+        tokenizer = self.pool.tokenizer
+        if info is None or tokenizer is None:
+            raise ServiceUnavailable("No workers are ready yet; retry shortly.")
+        return info.model_name, info.max_model_len, tokenizer
+
+    def token_text(self, tokenizer: Any) -> TokenText:
+        if self._token_text is None or self._token_text.tokenizer is not tokenizer:
+            self._token_text = TokenText(tokenizer)
+        return self._token_text
+
+    def model_label(self, requested: str | None) -> str:
+        """The `model` label of a request: a served id, never arbitrary client input."""
+        info = self.pool.any_info()
+        if info is None or requested is None:
+            return UNKNOWN_MODEL
+        if requested == info.model_name or requested in self.config.served_model_names:
+            return info.model_name
+        return UNKNOWN_MODEL
+
+    @contextlib.contextmanager
+    def counting_refusals(self) -> Iterator[Admission]:
+        """Count a request refused with an APIError (4xx, 429, 503) or an unexpected error (500)
+        in dspark_requests_total; accepted requests are counted when they finish."""
+        admission = Admission()
+        try:
+            yield admission
+        except APIError as exc:
+            self.request_metrics.count(self.model_label(admission.requested_model), exc.status)
+            raise
+        except Exception:
+            self.request_metrics.count(self.model_label(admission.requested_model), 500)
+            raise
+
+    def check_model(self, requested: str, model: str) -> None:
+        if requested != model and requested not in self.config.served_model_names:
+            raise ModelNotFound(requested)
+
+    def check_auth(self, request: Request) -> None:
+        keys = self.config.api_keys
+        if not keys:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise AuthenticationFailed(
+                "You didn't provide an API key. Provide it as 'Authorization: Bearer KEY'."
+            )
+        token = token.strip()
+        if not any(hmac.compare_digest(token.encode(), key.encode()) for key in keys):
+            raise AuthenticationFailed("Incorrect API key provided.")
+
+
+def create_app(
+    discovery: Discovery,
+    config: GatewayConfig | None = None,
+    *,
+    metrics: Metrics | None = None,
+    consumer_id: str | None = None,
+) -> FastAPI:
+    config = config or GatewayConfig()
+    metrics = metrics or Metrics()
+    pool = WorkerPool(discovery, consumer_id or f"gateway-{uuid.uuid4().hex[:12]}", config.pool)
+    dispatcher = Dispatcher(
+        pool,
+        Router(config.router),
+        add_timeout_s=config.add_timeout_s,
+        kv_transfer_timeout_s=config.kv_transfer_timeout_s,
+        retry_after_s=config.retry_after_s,
+    )
+    exporter = WorkerStatsExporter(metrics)
+    request_metrics = RequestMetrics(metrics)
+    gateway = Gateway(
+        config,
+        pool,
+        dispatcher,
+        metrics,
+        request_metrics,
+        exporter,
+        GenerationRunner(dispatcher, request_metrics),
+        time.time(),
+    )
+    _wire_pool(gateway)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await pool.start()
+        try:
+            yield
+        finally:
+            await pool.stop()
+
+    app = FastAPI(title="dspark-serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.gateway = gateway
+    _install_error_handlers(app)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        with gateway.counting_refusals() as admission:
+            return await _chat(request, admission)
+
+    async def _chat(request: Request, admission: Admission) -> Response:
+        timer = RequestTimer(time.perf_counter())
+        gateway.check_auth(request)
+        body = await read_json_object(request, config.max_body_bytes)
+        admission.requested_model = str(body.get("model"))
+        req = parse_chat(body)
+        model, max_model_len, tokenizer = gateway.model_info()
+        gateway.check_model(req.model, model)
+        jobs = chat_jobs(req, tokenizer, max_model_len)
+        include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+        response_id = new_response_id("chatcmpl")
+        formatter = ChatFormatter(
+            response_id,
+            model,
+            gateway.token_text(tokenizer),
+            logprobs=bool(req.logprobs),
+            include_usage=include_usage,
+        )
+        gen = Generation(response_id, model, jobs, 1, bool(req.stream), formatter, timer)
+        return await gateway.runner.run(gen, request)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        with gateway.counting_refusals() as admission:
+            return await _completion(request, admission)
+
+    async def _completion(request: Request, admission: Admission) -> Response:
+        timer = RequestTimer(time.perf_counter())
+        gateway.check_auth(request)
+        body = await read_json_object(request, config.max_body_bytes)
+        admission.requested_model = str(body.get("model"))
+        req = parse_completion(body)
+        model, max_model_len, tokenizer = gateway.model_info()
+        gateway.check_model(req.model, model)
+        jobs, prompts = completion_jobs(req, tokenizer, max_model_len, tokenizer_vocab_size(tokenizer))
+        include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+        echo = [tokenizer.decode(p, skip_special_tokens=False) for p in prompts] if req.echo else None
+        response_id = new_response_id("cmpl")
+        formatter = CompletionFormatter(
+            response_id,
+            model,
+            gateway.token_text(tokenizer),
+            logprobs=req.logprobs is not None,
+            include_usage=include_usage,
+            echo_texts=echo,
+            n=req.n,
+        )
+        gen = Generation(response_id, model, jobs, len(prompts), bool(req.stream), formatter, timer)
+        return await gateway.runner.run(gen, request)
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> JSONResponse:
+        gateway.check_auth(request)
+        info = pool.any_info()
+        if info is None:
+            return JSONResponse({"object": "list", "data": []})
+        names = [info.model_name, *[n for n in config.served_model_names if n != info.model_name]]
+        return JSONResponse(
+            {"object": "list", "data": [_model_card(n, info.max_model_len, gateway.started_s) for n in names]}
+        )
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str, request: Request) -> JSONResponse:
+        gateway.check_auth(request)
+        model, max_model_len, _ = gateway.model_info()
+        gateway.check_model(model_id, model)
+        return JSONResponse(_model_card(model_id, max_model_len, gateway.started_s))
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        workers = [
+            {
+                "id": r.replica_id,
+                "role": r.role,
+                "healthy": r.healthy,
+                "inflight": r.inflight,
+                "error": r.last_error,
+            }
+            for r in pool.replicas.values()
+        ]
+        is_ready = pool.ready()
+        info = pool.any_info()
+        return JSONResponse(
+            {
+                "status": "ready" if is_ready else "not ready",
+                "model": info.model_name if info else None,
+                "workers": workers,
+            },
+            status_code=200 if is_ready else 503,
+        )
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _model_card(model_id: str, max_model_len: int, created_s: float) -> dict[str, Any]:
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": int(created_s),
+        "owned_by": "dspark-serve",
+        "max_model_len": max_model_len,
+    }
+
+
+def _wire_pool(gateway: Gateway) -> None:
+    pool, dispatcher, exporter = gateway.pool, gateway.dispatcher, gateway.exporter
+
+    def on_down(replica: Replica, why: str) -> None:
+        dispatcher.on_replica_down(replica, why)
+        exporter.set_live(replica.replica_id, False)
+
+    def on_up(replica: Replica) -> None:
+        exporter.set_live(replica.replica_id, True)
+        if replica.info is not None:
+            gateway.request_metrics.declare(replica.info.model_name, replica.role)
+
+    def on_stats(replica: Replica, snapshot: StatsSnapshot) -> None:
+        if replica.info is not None:
+            exporter.update(
+                replica.replica_id,
+                replica.role,
+                replica.info.model_name,
+                snapshot.instance_id,
+                snapshot.engine,
+            )
+            exporter.set_live(replica.replica_id, replica.healthy)
+
+    def on_removed(replica: Replica) -> None:
+        dispatcher.router.forget(replica.replica_id)
+        exporter.remove(replica.replica_id)
+
+    pool.on_down = on_down
+    pool.on_up = on_up
+    pool.on_stats = on_stats
+    pool.on_removed = on_removed
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        if exc.status >= 500:
+            logger.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return InvalidRequest(f"invalid request: {exc.errors()[:1]}", code="invalid_value").response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return NotFound(
+                f"Unknown endpoint: {request.method} {request.url.path}", code="not_found"
+            ).response()
+        if exc.status_code == 405:
+            error = MethodNotAllowed(
+                f"Method {request.method} is not allowed for {request.url.path}", code="method_not_allowed"
+            )
+            return error.response()
+        status = exc.status_code
+        error_type = "invalid_request_error" if status < 500 else "server_error"
+        return JSONResponse(
+            {"error": {"message": str(exc.detail), "type": error_type, "param": None, "code": None}},
+            status_code=status,
+            headers=exc.headers,
+        )
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        return InternalError("The server had an error while processing your request.").response()

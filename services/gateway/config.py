@@ -1,0 +1,28 @@
+"""Gateway settings (the CLI fills them from flags and DSPARK_* variables)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.gateway.pool import PoolConfig
+from services.router import RouterConfig
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    served_model_names: tuple[str, ...] = ()  # extra ids accepted in "model" besides the workers' own
+    api_keys: tuple[str, ...] = ()  # empty: no authentication
+    max_body_bytes: int = 8 * 1024 * 1024
+    add_timeout_s: float = 60.0  # a worker must accept (or refuse) a request within this
+    kv_transfer_timeout_s: float = 30.0
+    retry_after_s: int = 1
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.kv_transfer_timeout_s <= 0:
+            raise ValueError(f"kv_transfer_timeout_s must be > 0, got {self.kv_transfer_timeout_s}")
+        if any(not key for key in self.api_keys):
+            raise ValueError("api_keys must not contain empty keys")

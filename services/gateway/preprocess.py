@@ -1,0 +1,158 @@
+"""From a validated request body to engine jobs: prompt token ids and SamplingParams per
+choice, with the context-length check (OpenAI's 400 context_length_exceeded)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.sampling_params import SamplingParams
+from services.gateway.errors import ContextLengthExceeded, InvalidRequest, field_error
+from services.gateway.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
+
+
+@dataclass(frozen=True)
+class Job:
+    index: int  # choice index in the response (prompt_index * n + sample)
+    prompt_index: int
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int, param: str) -> int:
+    if requested is not None and requested < 1:
+        raise InvalidRequest(
+            f"{param}: must be an integer >= 1, got {requested}", param=param, code="invalid_value"
+        )
+    if prompt_len >= max_model_len or (requested is not None and prompt_len + requested > max_model_len):
+        raise ContextLengthExceeded(max_model_len, prompt_len, requested)
+    return requested if requested is not None else max_model_len - prompt_len
+
+
+def sampling_params(
+    req: _SamplingFields, *, max_tokens: int, logprobs: int | None, sample: int, logprobs_param: str
+) -> SamplingParams:
+    kwargs: dict[str, Any] = {}
+    for name in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "min_tokens",
+        "ignore_eos",
+        "skip_special_tokens",
+        "include_stop_str_in_output",
+    ):
+        value = getattr(req, name)
+        if value is not None:
+            kwargs[name] = value
+    if req.stop is not None:
+        kwargs["stop"] = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop)
+    if req.stop_token_ids is not None:
+        kwargs["stop_token_ids"] = tuple(req.stop_token_ids)
+    if req.seed is not None:
+        kwargs["seed"] = req.seed + sample  # distinct, reproducible samples for n > 1
+    try:
+        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **kwargs)
+    except ValueError as exc:
+        message = str(exc)
+        if message.startswith("logprobs:") and logprobs_param != "logprobs":
+            message = logprobs_param + message[len("logprobs") :]
+        raise field_error(message) from None
+    except TypeError as exc:  # a value of a type SamplingParams cannot compare
+        raise InvalidRequest(f"invalid sampling parameter: {exc}", code="invalid_value") from None
+
+
+def chat_prompt(req: ChatCompletionRequest, tokenizer: Any) -> list[int]:
+    messages = [
+        {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages
+    ]
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except ValueError as exc:
+        raise InvalidRequest(f"messages: {exc}", param="messages", code="invalid_value") from None
+    except Exception as exc:  # template errors (jinja raise_exception and the like) are the caller's input
+        raise InvalidRequest(
+            f"messages: the chat template rejected the conversation: {exc}",
+            param="messages",
+            code="invalid_value",
+        ) from None
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def chat_jobs(req: ChatCompletionRequest, tokenizer: Any, max_model_len: int) -> list[Job]:
+    prompt = chat_prompt(req, tokenizer)
+    requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    max_tokens = resolve_max_tokens(requested, len(prompt), max_model_len, param)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return [
+        Job(
+            i,
+            0,
+            prompt,
+            sampling_params(
+                req, max_tokens=max_tokens, logprobs=logprobs, sample=i, logprobs_param="top_logprobs"
+            ),
+        )
+        for i in range(req.n)
+    ]
+
+
+def completion_prompts(req: CompletionRequest, tokenizer: Any, vocab_size: int | None) -> list[list[int]]:
+    raw: Any = req.prompt  # str | list[str] | list[int] | list[list[int]], validated by the model
+    if isinstance(raw, str):
+        prompts = [list(tokenizer.encode(raw, add_special_tokens=False))]
+    elif raw and isinstance(raw[0], str):
+        prompts = [list(tokenizer.encode(text, add_special_tokens=False)) for text in raw]
+    elif raw and isinstance(raw[0], int):
+        prompts = [list(raw)]
+    else:
+        prompts = [list(p) for p in raw]
+    for i, ids in enumerate(prompts):
+        where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        if not ids:
+            raise InvalidRequest(f"{where}: must not be empty", param="prompt", code="invalid_value")
+        bad = [t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
+        if bad:
+            raise InvalidRequest(
+                f"{where}: token id {bad[0]} is out of range [0, {vocab_size})",
+                param="prompt",
+                code="invalid_value",
+            )
+    return prompts
+
+
+def completion_jobs(
+    req: CompletionRequest, tokenizer: Any, max_model_len: int, vocab_size: int | None
+) -> tuple[list[Job], list[list[int]]]:
+    prompts = completion_prompts(req, tokenizer, vocab_size)
+    jobs: list[Job] = []
+    for p, prompt in enumerate(prompts):
+        max_tokens = resolve_max_tokens(req.max_tokens, len(prompt), max_model_len, "max_tokens")
+        for i in range(req.n):
+            jobs.append(
+                Job(
+                    p * req.n + i,
+                    p,
+                    prompt,
+                    sampling_params(
+                        req, max_tokens=max_tokens, logprobs=req.logprobs, sample=i, logprobs_param="logprobs"
+                    ),
+                )
+            )
+    return jobs, prompts
+
+
+def tokenizer_vocab_size(tokenizer: Any) -> int | None:
+    for attr in ("vocab_size", "n_vocab"):
+        value = getattr(tokenizer, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    try:
+        return len(tokenizer)
+    except TypeError:
+        return None

@@ -1,0 +1,276 @@
+"""OpenAI response bodies: chat completions and legacy completions, whole and streamed."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.outputs import RequestOutput, TokenLogprob
+
+MIN_LOGPROB = -9999.0  # what OpenAI reports for impossible tokens; JSON has no -Infinity
+
+
+def _lp(value: float) -> float:
+    return value if math.isfinite(value) else MIN_LOGPROB
+
+
+@dataclass
+class ChoiceState:
+    """What one choice has produced so far."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    unsent_tokens: int = 0  # tokens whose text has not been streamed yet (partial UTF-8)
+
+    def absorb(self, out: RequestOutput) -> None:
+        self.text += out.new_text
+        self.token_ids.extend(out.new_token_ids)
+        self.logprobs.extend(out.new_logprobs)
+        self.unsent_tokens += len(out.new_token_ids)
+        if out.finished:
+            self.finish_reason = out.finish_reason
+
+
+def openai_finish_reason(reason: str | None) -> str | None:
+    if reason in ("stop", "length") or reason is None:
+        return reason
+    return "stop"
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
+class TokenText:
+    """Token id -> the text a client sees in logprobs (cached; decoding is per token)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._cache.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            if len(self._cache) < 200_000:
+                self._cache[token_id] = text
+        return text
+
+
+def chat_logprobs(entries: list[TokenLogprob], token_text: TokenText) -> dict[str, Any]:
+    def one(token_id: int, logprob: float) -> dict[str, Any]:
+        text = token_text(token_id)
+        return {"token": text, "logprob": _lp(logprob), "bytes": list(text.encode("utf-8", "replace"))}
+
+    return {
+        "content": [
+            {**one(e.token_id, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]} for e in entries
+        ],
+        "refusal": None,
+    }
+
+
+def completion_logprobs(
+    entries: list[TokenLogprob], token_text: TokenText, text_offset: int
+) -> dict[str, Any]:
+    tokens, token_logprobs, tops, offsets = [], [], [], []
+    offset = text_offset
+    for e in entries:
+        text = token_text(e.token_id)
+        tokens.append(text)
+        token_logprobs.append(_lp(e.logprob))
+        tops.append({token_text(t): _lp(lp) for t, lp in e.top} if e.top else None)
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+class ChatFormatter:
+    object_full = "chat.completion"
+    object_chunk = "chat.completion.chunk"
+
+    def __init__(
+        self, response_id: str, model: str, token_text: TokenText, *, logprobs: bool, include_usage: bool
+    ) -> None:
+        self.id = response_id
+        self.model = model
+        self.created = int(time.time())
+        self.token_text = token_text
+        self.logprobs = logprobs
+        self.include_usage = include_usage
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: Usage | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": self.object_chunk,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+        if self.include_usage:
+            body["usage"] = usage.body() if usage else None
+        return body
+
+    def opening_chunk(self, index: int) -> dict[str, Any]:
+        return self._chunk(
+            [
+                {
+                    "index": index,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ]
+        )
+
+    def delta_chunk(self, index: int, out: RequestOutput, state: ChoiceState) -> dict[str, Any] | None:
+        if not out.new_text and not (self.logprobs and out.new_logprobs):
+            return None
+        lp = chat_logprobs(list(out.new_logprobs), self.token_text) if self.logprobs else None
+        return self._chunk(
+            [{"index": index, "delta": {"content": out.new_text}, "logprobs": lp, "finish_reason": None}]
+        )
+
+    def final_chunk(self, index: int, state: ChoiceState) -> dict[str, Any]:
+        return self._chunk(
+            [
+                {
+                    "index": index,
+                    "delta": {},
+                    "logprobs": None,
+                    "finish_reason": openai_finish_reason(state.finish_reason),
+                }
+            ]
+        )
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        return self._chunk([], usage)
+
+    def full(self, states: list[ChoiceState], usage: Usage) -> dict[str, Any]:
+        choices = []
+        for index, state in enumerate(states):
+            choices.append(
+                {
+                    "index": index,
+                    "message": {"role": "assistant", "content": state.text, "refusal": None},
+                    "logprobs": chat_logprobs(state.logprobs, self.token_text) if self.logprobs else None,
+                    "finish_reason": openai_finish_reason(state.finish_reason),
+                }
+            )
+        return {
+            "id": self.id,
+            "object": self.object_full,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+            "usage": usage.body(),
+        }
+
+
+class CompletionFormatter:
+    object_name = "text_completion"
+
+    def __init__(
+        self,
+        response_id: str,
+        model: str,
+        token_text: TokenText,
+        *,
+        logprobs: bool,
+        include_usage: bool,
+        echo_texts: list[str] | None,
+        n: int,
+    ) -> None:
+        self.id = response_id
+        self.model = model
+        self.created = int(time.time())
+        self.token_text = token_text
+        self.logprobs = logprobs
+        self.include_usage = include_usage
+        self.echo_texts = echo_texts
+        self.n = n
+        self._offsets: dict[int, int] = {}
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: Usage | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": self.object_name,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+        if self.include_usage:
+            body["usage"] = usage.body() if usage else None
+        return body
+
+    def opening_chunk(self, index: int) -> dict[str, Any] | None:
+        if self.echo_texts is None:
+            return None
+        text = self.echo_texts[index // self.n]
+        self._offsets[index] = len(text)
+        return self._chunk([{"index": index, "text": text, "logprobs": None, "finish_reason": None}])
+
+    def delta_chunk(self, index: int, out: RequestOutput, state: ChoiceState) -> dict[str, Any] | None:
+        if not out.new_text and not (self.logprobs and out.new_logprobs):
+            return None
+        offset = self._offsets.get(index, 0)
+        lp = completion_logprobs(list(out.new_logprobs), self.token_text, offset) if self.logprobs else None
+        self._offsets[index] = offset + len(out.new_text)
+        return self._chunk([{"index": index, "text": out.new_text, "logprobs": lp, "finish_reason": None}])
+
+    def final_chunk(self, index: int, state: ChoiceState) -> dict[str, Any]:
+        return self._chunk(
+            [
+                {
+                    "index": index,
+                    "text": "",
+                    "logprobs": None,
+                    "finish_reason": openai_finish_reason(state.finish_reason),
+                }
+            ]
+        )
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        return self._chunk([], usage)
+
+    def full(self, states: list[ChoiceState], usage: Usage) -> dict[str, Any]:
+        choices = []
+        for index, state in enumerate(states):
+            prefix = self.echo_texts[index // self.n] if self.echo_texts is not None else ""
+            choices.append(
+                {
+                    "index": index,
+                    "text": prefix + state.text,
+                    "logprobs": completion_logprobs(state.logprobs, self.token_text, len(prefix))
+                    if self.logprobs
+                    else None,
+                    "finish_reason": openai_finish_reason(state.finish_reason),
+                }
+            )
+        return {
+            "id": self.id,
+            "object": self.object_name,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+            "usage": usage.body(),
+        }

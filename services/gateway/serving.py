@@ -1,0 +1,206 @@
+"""Running one HTTP generation request: submit its choices, then stream (SSE) or collect.
+
+A client that disconnects cancels the stream (or the collection); the `finally` aborts
+every choice on its worker, which drops it before its next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from fastapi.responses import JSONResponse, Response
+from starlette.requests import Request
+
+from services.gateway.dispatcher import Dispatcher, Sink, Tracked
+from services.gateway.errors import APIError, InternalError
+from services.gateway.preprocess import Job
+from services.gateway.responses import ChatFormatter, ChoiceState, CompletionFormatter, Usage
+from services.gateway.sse import DONE, sse_event
+from services.gateway.streaming import DisconnectAwareStreamingResponse, wait_for_disconnect
+from services.gateway.telemetry import CLIENT_CLOSED, InflightRequest, RequestMetrics, RequestTimer
+
+logger = logging.getLogger(__name__)
+
+Formatter = ChatFormatter | CompletionFormatter
+
+
+@dataclass(frozen=True)
+class Generation:
+    response_id: str
+    model: str
+    jobs: list[Job]
+    num_prompts: int
+    stream: bool
+    formatter: Formatter
+    timer: RequestTimer
+
+
+def new_response_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def worker_error(message: str) -> APIError:
+    return InternalError(f"The request failed on a worker: {message}", code="worker_error")
+
+
+class GenerationRunner:
+    def __init__(self, dispatcher: Dispatcher, metrics: RequestMetrics) -> None:
+        self.dispatcher = dispatcher
+        self.metrics = metrics
+
+    async def run(self, gen: Generation, http_request: Request) -> Response:
+        sink: Sink = asyncio.Queue()
+        submissions = [
+            (f"{gen.response_id}-{job.index}", job.index, job.prompt_token_ids, job.params)
+            for job in gen.jobs
+        ]
+        # a refusal here (400/429/503) propagates; the app counts it with its status
+        tracked = await self.dispatcher.submit_all(submissions, sink, gen.timer.arrival_s)
+        inflight = self.metrics.inflight(gen.model)
+        headers = {"X-Request-Id": gen.response_id}
+        if gen.stream:
+            return DisconnectAwareStreamingResponse(
+                self._stream(gen, tracked, sink, inflight),
+                media_type="text/event-stream",
+                headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        return await self._collect(gen, tracked, sink, http_request, headers, inflight)
+
+    # -- shared -----------------------------------------------------------------------------
+
+    def _usage(self, gen: Generation, tracked: Sequence[Tracked], states: Sequence[ChoiceState]) -> Usage:
+        n = len(gen.jobs) // max(1, gen.num_prompts)
+        firsts = [t for t in tracked if t.index % n == 0]
+        return Usage(
+            prompt_tokens=sum(t.num_prompt_tokens for t in firsts),
+            completion_tokens=sum(len(s.token_ids) for s in states),
+            cached_tokens=sum(t.num_cached_tokens for t in firsts),
+        )
+
+    def _finish_metrics(
+        self,
+        gen: Generation,
+        tracked: Sequence[Tracked],
+        states: Sequence[ChoiceState],
+        status: int,
+        inflight: InflightRequest,
+    ) -> None:
+        inflight.ended()
+        try:
+            usage = self._usage(gen, tracked, states)
+            self.metrics.finished(
+                gen.model,
+                gen.timer,
+                tracked,
+                status,
+                prompt_tokens=usage.prompt_tokens,
+                completion_tokens=usage.completion_tokens,
+                max_choice_tokens=max((len(s.token_ids) for s in states), default=0),
+            )
+        except Exception:
+            logger.exception("recording metrics of %s failed", gen.response_id)
+
+    # -- streaming --------------------------------------------------------------------------
+
+    async def _stream(
+        self, gen: Generation, tracked: list[Tracked], sink: Sink, inflight: InflightRequest
+    ) -> AsyncIterator[bytes]:
+        fmt = gen.formatter
+        states = [ChoiceState() for _ in gen.jobs]
+        remaining = len(gen.jobs)
+        status = CLIENT_CLOSED  # unless the stream completes or fails
+        completed = False
+        try:
+            for index in range(len(gen.jobs)):
+                opening = fmt.opening_chunk(index)
+                if opening is not None:
+                    yield sse_event(opening)
+            while remaining:
+                index, out = await sink.get()
+                state = states[index]
+                if out.finish_reason in ("error", "abort"):
+                    status = 500  # the HTTP status was 200; the request failed on a worker
+                    yield sse_event(worker_error(out.error or "aborted by the worker").body())
+                    return
+                chunk = fmt.delta_chunk(index, out, state)
+                state.absorb(out)
+                if chunk is not None:
+                    yield sse_event(chunk)
+                    gen.timer.content_sent(state.unsent_tokens)
+                    inflight.started()
+                    state.unsent_tokens = 0
+                if out.finished:
+                    remaining -= 1
+                    yield sse_event(fmt.final_chunk(index, state))
+                    if gen.timer.first_content_s is None or state.unsent_tokens:
+                        gen.timer.content_sent(state.unsent_tokens)
+                        state.unsent_tokens = 0
+            if fmt.include_usage:
+                yield sse_event(fmt.usage_chunk(self._usage(gen, tracked, states)))
+            yield DONE
+            completed = True
+            status = 200
+        finally:
+            if not completed:
+                for t in tracked:
+                    self.dispatcher.abort(t)
+            self._finish_metrics(gen, tracked, states, status, inflight)
+
+    # -- whole responses --------------------------------------------------------------------
+
+    async def _collect(
+        self,
+        gen: Generation,
+        tracked: list[Tracked],
+        sink: Sink,
+        http_request: Request,
+        headers: dict[str, str],
+        inflight: InflightRequest,
+    ) -> Response:
+        states = [ChoiceState() for _ in gen.jobs]
+
+        async def collect() -> None:
+            remaining = len(gen.jobs)
+            while remaining:
+                index, out = await sink.get()
+                if out.finish_reason in ("error", "abort"):
+                    raise worker_error(out.error or "aborted by the worker")
+                if out.new_token_ids:
+                    inflight.started()
+                states[index].absorb(out)
+                remaining -= out.finished
+
+        collector = asyncio.create_task(collect())
+        watcher = asyncio.create_task(wait_for_disconnect(http_request.receive))
+        try:
+            await asyncio.wait({collector, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            if not collector.done():  # the client went away (or we were cancelled)
+                collector.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await collector
+                for t in tracked:
+                    self.dispatcher.abort(t)
+                self._finish_metrics(gen, tracked, states, CLIENT_CLOSED, inflight)
+        if collector.cancelled():
+            return Response(status_code=CLIENT_CLOSED)
+        error = collector.exception()
+        if error is not None:
+            for t in tracked:
+                self.dispatcher.abort(t)
+            if not isinstance(error, APIError):
+                logger.error("request %s failed: %r", gen.response_id, error)
+                error = InternalError("The server had an error while processing your request.")
+            self._finish_metrics(gen, tracked, states, error.status, inflight)
+            return error.response()
+        body = gen.formatter.full(states, self._usage(gen, tracked, states))
+        response = JSONResponse(body, headers=headers)
+        gen.timer.content_sent(sum(s.unsent_tokens for s in states))
+        self._finish_metrics(gen, tracked, states, 200, inflight)
+        return response

@@ -1,0 +1,130 @@
+"""The Ray actors: `PrefillWorker`, `DecodeWorker` and the colocated `Worker`.
+
+Each wraps one EngineCore in an `EngineLoop`. Methods are async (one event loop per actor
+process) and never touch the engine directly; the step thread does. Actors are created
+with `max_restarts` and `max_task_retries=0`: a crashed worker comes back as a new
+process (new `instance_id`, empty engine) and the gateway fails what the old one held.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+import ray
+
+from engine.config import EngineConfig
+from engine.sampling_params import SamplingParams
+from services.workers.engine_loop import EngineLoop
+from services.workers.transfer import TransferTicket, make_transfer
+from services.workers.types import Ack, PollResult, Role, StatsSnapshot, WorkerInfo
+
+logger = logging.getLogger(__name__)
+
+
+def _exit_soon(exc: BaseException, delay_s: float = 1.0) -> None:
+    """Let the gateway poll the error outputs, then exit so that Ray restarts the actor."""
+    logger.error("engine failed (%s); exiting in %.1f s so that the worker restarts", exc, delay_s)
+    threading.Timer(delay_s, os._exit, args=(70,)).start()
+
+
+class _EngineWorker:
+    ROLE: Role = "worker"
+
+    def __init__(
+        self,
+        engine_config: EngineConfig,
+        replica_id: str,
+        kv_transfer: str = "ray",
+        consumer_lease_s: float = 30.0,
+        torch_threads: int = 0,
+    ) -> None:
+        from engine.core import EngineCore
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        if torch_threads > 0:
+            import torch
+
+            torch.set_num_threads(torch_threads)
+        engine = EngineCore(engine_config)
+        self._loop = EngineLoop(
+            engine,
+            role=self.ROLE,
+            replica_id=replica_id,
+            transfer=make_transfer(kv_transfer),
+            max_num_seqs=engine_config.max_num_seqs,
+            speculative=engine_config.speculative is not None,
+            consumer_lease_s=consumer_lease_s,
+            on_fatal=_exit_soon,
+        ).start()
+        logger.info(
+            "%s %s ready: model %s, instance %s",
+            self.ROLE,
+            replica_id,
+            engine.model_name,
+            self._loop.instance_id,
+        )
+
+    async def info(self) -> WorkerInfo:
+        return self._loop.info
+
+    async def get_tokenizer(self) -> Any:
+        return self._loop.engine.tokenizer
+
+    async def add_request(
+        self,
+        consumer: str,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        prefill_only: bool = False,
+    ) -> Ack:
+        import asyncio
+
+        future = self._loop.add_request(
+            consumer, request_id, prompt_token_ids, params, prefill_only=prefill_only
+        )
+        return await asyncio.wrap_future(future)
+
+    async def receive_kv(
+        self, consumer: str, request_id: str, ticket: TransferTicket, timeout_s: float
+    ) -> Ack:
+        return await self._loop.receive_kv(consumer, request_id, ticket, timeout_s)
+
+    async def abort(self, request_ids: list[str]) -> None:
+        self._loop.abort(request_ids)
+
+    async def poll(self, consumer: str, timeout_s: float) -> PollResult:
+        return await self._loop.poll(consumer, timeout_s)
+
+    async def stats(self) -> StatsSnapshot:
+        return self._loop.stats()
+
+    async def ping(self) -> str:
+        return self._loop.instance_id
+
+
+@ray.remote
+class Worker(_EngineWorker):
+    """Colocated: prefill and decode on one engine."""
+
+    ROLE: Role = "worker"
+
+
+@ray.remote
+class PrefillWorker(_EngineWorker):
+    """Prefills, samples the first token, and hands the request's KV off."""
+
+    ROLE: Role = "prefill"
+
+
+@ray.remote
+class DecodeWorker(_EngineWorker):
+    """Receives hand-offs and decodes (draft + verify); runs whole requests when asked."""
+
+    ROLE: Role = "decode"
+
+
+ACTOR_CLASSES: dict[Role, Any] = {"worker": Worker, "prefill": PrefillWorker, "decode": DecodeWorker}

@@ -1,0 +1,363 @@
+"""An EngineCore driven by a background step thread, with a thread-safe command interface.
+
+The engine is not thread-safe, so every engine call (add, abort, step, export) runs on the
+one step thread: callers enqueue commands, which the thread runs before its next step. An
+abort therefore reaches the engine before the next step starts ("within one step").
+Outputs go to per-consumer buffers (`Outbox`) that the gateway drains with long polls.
+
+Prefill workers export a request's KV as soon as the engine reports its hand-off, turn it
+into a `TransferTicket` (`KVTransfer.send`) and publish the ticket with the first token.
+Decode workers receive through `receive_kv`, which fetches the KV off the step thread and
+then installs it on the step thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+from services.workers.outbox import Outbox
+from services.workers.transfer import KVTransfer, TransferError, TransferTicket
+from services.workers.types import Ack, PollResult, Role, StatsSnapshot, WorkerEvent, WorkerInfo
+
+if TYPE_CHECKING:
+    from engine.core import EngineCore
+
+logger = logging.getLogger(__name__)
+
+HANDOFF = "handoff"
+
+
+class EngineLoop:
+    def __init__(
+        self,
+        engine: EngineCore,
+        *,
+        role: Role,
+        replica_id: str,
+        transfer: KVTransfer,
+        max_num_seqs: int,
+        speculative: bool,
+        consumer_lease_s: float = 30.0,
+        idle_wait_s: float = 0.05,
+        on_fatal: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.role = role
+        self.transfer = transfer
+        self.instance_id = uuid.uuid4().hex
+        self.info = WorkerInfo(
+            replica_id=replica_id,
+            role=role,
+            instance_id=self.instance_id,
+            model_name=engine.model_name,
+            max_model_len=engine.max_model_len,
+            max_num_seqs=max_num_seqs,
+            eos_token_ids=tuple(getattr(engine.tokenizer, "eos_token_ids", ())),
+            speculative=speculative,
+            kv_transfer=transfer.name,
+        )
+        self._consumer_lease_s = consumer_lease_s
+        self._idle_wait_s = idle_wait_s
+        self._on_fatal = on_fatal
+        self.outbox = Outbox()
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        # request id -> consumer, for requests the engine holds (step thread only)
+        self._owner: dict[str, str] = {}
+        # hand-offs being fetched by receive_kv: request id -> consumer; aborted ones
+        self._receive_lock = threading.Lock()
+        self._receiving: dict[str, str] = {}
+        self._receive_cancelled: set[str] = set()
+        self.fatal_error: BaseException | None = None
+        self._stats = StatsSnapshot(self.instance_id, engine.stats(), 0, True)
+        self._stats_every_s = 0.02
+        self._last_stats_s = 0.0
+        self._sender = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"kv-send-{replica_id}")
+        self._thread = threading.Thread(target=self._run, name=f"engine-loop-{replica_id}", daemon=True)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> EngineLoop:
+        self._thread.start()
+        return self
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._sender.shutdown(wait=False, cancel_futures=True)
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.fatal_error is None
+
+    # -- thread-safe commands ---------------------------------------------------------------
+
+    def _submit(self, command: Callable[[], None]) -> None:
+        self._commands.put(command)
+        self._wake.set()
+
+    def add_request(
+        self,
+        consumer: str,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        prefill_only: bool = False,
+        arrival_s: float | None = None,
+    ) -> concurrent.futures.Future[Ack]:
+        future: concurrent.futures.Future[Ack] = concurrent.futures.Future()
+        if self.fatal_error is not None:
+            future.set_result(Ack.failed(f"worker engine failed: {self.fatal_error}"))
+            return future
+        arrival = time.perf_counter() if arrival_s is None else arrival_s
+        prompt = list(prompt_token_ids)
+        self.outbox.touch(consumer)
+        self._submit(
+            lambda: self._do_add(future, consumer, request_id, prompt, params, prefill_only, arrival)
+        )
+        return future
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        ids = list(request_ids)
+        with self._receive_lock:
+            for rid in ids:
+                if rid in self._receiving:
+                    self._receive_cancelled.add(rid)
+        self._submit(lambda: self._do_abort(ids))
+
+    async def receive_kv(
+        self, consumer: str, request_id: str, ticket: TransferTicket, timeout_s: float
+    ) -> Ack:
+        """Fetch a hand-off and install it in the engine; the decode continues on this worker."""
+        start = time.perf_counter()
+        if self.fatal_error is not None:
+            self.transfer.discard(ticket)
+            return Ack.failed(f"worker engine failed: {self.fatal_error}")
+        self.outbox.touch(consumer)
+        with self._receive_lock:
+            self._receiving[request_id] = consumer
+        try:
+            # the transport bounds its own wait; this bound holds whatever the transport does
+            handoff = await asyncio.wait_for(self.transfer.receive(ticket, timeout_s), timeout_s + 1.0)
+        except Exception as exc:  # any failure of the transport fails the request, never hangs it
+            with self._receive_lock:
+                self._receiving.pop(request_id, None)
+                self._receive_cancelled.discard(request_id)
+            self.transfer.discard(ticket)
+            if isinstance(exc, asyncio.TimeoutError):
+                message = f"KV transfer timed out after {timeout_s:g} s"
+            elif isinstance(exc, TransferError):
+                message = str(exc)
+            else:
+                message = f"KV transfer failed: {type(exc).__name__}: {exc}"
+            logger.warning("request %s: KV receive failed: %s", request_id, message)
+            return Ack.failed(message)
+        future: concurrent.futures.Future[Ack] = concurrent.futures.Future()
+        self._submit(lambda: self._do_add_decode(future, consumer, request_id, handoff))
+        ack = await asyncio.wrap_future(future)
+        return dataclasses.replace(ack, elapsed_s=time.perf_counter() - start, nbytes=ticket.nbytes)
+
+    async def poll(self, consumer: str, timeout_s: float) -> PollResult:
+        events = await self.outbox.take(consumer, timeout_s)
+        return PollResult(self.instance_id, tuple(events))
+
+    def stats(self) -> StatsSnapshot:
+        return self._stats
+
+    # -- step thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        last_lease_check = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                self._wake.clear()
+                self._drain_commands()
+                now = time.monotonic()
+                if now - last_lease_check > 1.0:
+                    last_lease_check = now
+                    self._expire_consumers()
+                if self.engine.has_unfinished_requests():
+                    self._publish(self.engine.step())
+                    self._snapshot_stats()
+                else:
+                    self._snapshot_stats(force=True)
+                    self._wake.wait(self._idle_wait_s)
+        except BaseException as exc:  # the engine's state is unknown now: fail everything
+            logger.exception("engine step loop of %s failed", self.info.replica_id)
+            self.fatal_error = exc
+            self._fail_all(f"worker engine failed: {type(exc).__name__}: {exc}")
+            self._stats = dataclasses.replace(self._stats, step_loop_alive=False)
+            if self._on_fatal is not None:
+                self._on_fatal(exc)
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            command()
+
+    def _snapshot_stats(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self._last_stats_s >= self._stats_every_s:
+            self._last_stats_s = now
+            self._stats = StatsSnapshot(
+                self.instance_id, self.engine.stats(), self.outbox.num_consumers(), True
+            )
+
+    def _do_add(
+        self,
+        future: concurrent.futures.Future[Ack],
+        consumer: str,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        prefill_only: bool,
+        arrival_s: float,
+    ) -> None:
+        if request_id in self._owner:
+            future.set_result(Ack.invalid(f"request_id: {request_id!r} is already running"))
+            return
+        try:
+            if prefill_only:
+                self.engine.add_prefill_request(request_id, prompt, params, arrival_s=arrival_s)
+            else:
+                self.engine.add_request(request_id, prompt, params, arrival_s=arrival_s)
+        except ValueError as exc:
+            future.set_result(Ack.invalid(str(exc)))
+            return
+        except Exception as exc:
+            logger.exception("request %s: add_request failed", request_id)
+            future.set_result(Ack.failed(f"{type(exc).__name__}: {exc}"))
+            return
+        self._owner[request_id] = consumer
+        future.set_result(Ack.success())
+
+    def _do_add_decode(
+        self, future: concurrent.futures.Future[Ack], consumer: str, request_id: str, handoff: Any
+    ) -> None:
+        with self._receive_lock:
+            self._receiving.pop(request_id, None)
+            cancelled = request_id in self._receive_cancelled
+            self._receive_cancelled.discard(request_id)
+        if cancelled:
+            future.set_result(Ack.failed("request was aborted during the KV transfer"))
+            return
+        try:
+            self.engine.add_decode_request(request_id, handoff)
+        except ValueError as exc:
+            future.set_result(Ack.invalid(str(exc)))
+            return
+        except Exception as exc:
+            logger.exception("request %s: add_decode_request failed", request_id)
+            future.set_result(Ack.failed(f"{type(exc).__name__}: {exc}"))
+            return
+        self._owner[request_id] = consumer
+        future.set_result(Ack.success())
+
+    def _do_abort(self, request_ids: list[str]) -> None:
+        for rid in request_ids:
+            if rid in self._owner:
+                self.engine.abort_request(rid)
+
+    def _expire_consumers(self) -> None:
+        """A consumer (gateway) that stopped polling is gone: abort what it left behind."""
+        for consumer in self.outbox.idle_consumers(self._consumer_lease_s):
+            orphans = [rid for rid, owner in self._owner.items() if owner == consumer]
+            if orphans:
+                logger.warning("consumer %s stopped polling; aborting %d requests", consumer, len(orphans))
+            for rid in orphans:
+                self.engine.abort_request(rid)
+            if not orphans:
+                self.outbox.drop(consumer)
+
+    def _publish(self, outputs: list[RequestOutput]) -> None:
+        by_consumer: dict[str, list[WorkerEvent]] = defaultdict(list)
+        handoffs: list[tuple[str, RequestOutput, Any]] = []
+        for out in outputs:
+            consumer = self._owner.get(out.request_id)
+            if consumer is None:
+                continue
+            if out.finish_reason == HANDOFF:
+                del self._owner[out.request_id]
+                handoff = self._export(out)
+                if handoff is None:
+                    by_consumer[consumer].append(WorkerEvent(_failed(out, "KV export failed")))
+                    continue
+                # the first token goes out now; the ticket follows once the KV is sent
+                by_consumer[consumer].append(WorkerEvent(_not_finished(out)))
+                handoffs.append((consumer, out, handoff))
+            else:
+                by_consumer[consumer].append(WorkerEvent(out))
+                if out.finished:
+                    del self._owner[out.request_id]
+        self.outbox.put_many(by_consumer)
+        for consumer, out, handoff in handoffs:  # after the tokens: a consumer sees them first
+            self._sender.submit(self._send, consumer, out, handoff)
+
+    def _export(self, out: RequestOutput) -> Any:
+        """The request's KV, freed here; None (and the slots released) if that fails."""
+        try:
+            return self.engine.export_kv(out.request_id)
+        except Exception:
+            logger.exception("request %s: export_kv failed", out.request_id)
+            try:
+                self.engine.release_handoff(out.request_id)
+            except Exception:
+                logger.exception("request %s: release_handoff failed", out.request_id)
+            return None
+
+    def _send(self, consumer: str, out: RequestOutput, handoff: Any) -> None:
+        """Sender thread: make the KV reachable (e.g. ray.put of tens of MB) off the step
+        thread, then publish the ticket."""
+        marker = dataclasses.replace(out, new_token_ids=(), new_text="", new_logprobs=())
+        try:
+            event = WorkerEvent(marker, self.transfer.send(out.request_id, handoff))
+        except Exception as exc:  # export already freed the slots here
+            logger.exception("request %s: KV send failed", out.request_id)
+            event = WorkerEvent(_failed(marker, f"KV transfer failed: {exc}"))
+        self.outbox.put_many({consumer: [event]})
+
+    def _fail_all(self, message: str) -> None:
+        by_consumer: dict[str, list[WorkerEvent]] = defaultdict(list)
+        for rid, consumer in self._owner.items():
+            by_consumer[consumer].append(
+                WorkerEvent(
+                    RequestOutput(
+                        request_id=rid,
+                        new_token_ids=(),
+                        new_text="",
+                        token_ids=(),
+                        finished=True,
+                        finish_reason="error",
+                        error=message,
+                    )
+                )
+            )
+        self._owner.clear()
+        self.outbox.put_many(by_consumer)
+
+
+def _failed(out: RequestOutput, message: str) -> RequestOutput:
+    return dataclasses.replace(out, finished=True, finish_reason="error", error=message)
+
+
+def _not_finished(out: RequestOutput) -> RequestOutput:
+    return dataclasses.replace(out, finished=False, finish_reason=None)

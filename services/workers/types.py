@@ -1,0 +1,79 @@
+"""What crosses the boundary between a worker and the gateway (Ray method arguments and
+return values). Frozen dataclasses, pickled by Ray."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from engine.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from services.workers.transfer import TransferTicket
+
+Role = Literal["prefill", "decode", "worker"]
+ROLES: tuple[Role, ...] = ("prefill", "decode", "worker")  # "worker" = colocated
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Static facts about a worker, fixed for the life of one worker process."""
+
+    replica_id: str
+    role: Role
+    instance_id: str  # new on every (re)start of the process: detects restarts
+    model_name: str
+    max_model_len: int
+    max_num_seqs: int
+    eos_token_ids: tuple[int, ...]
+    speculative: bool
+    kv_transfer: str  # name of the KVTransfer implementation this worker uses
+
+
+@dataclass(frozen=True)
+class WorkerEvent:
+    """One engine output for one consumer (gateway). `ticket` is set on a prefill worker's
+    hand-off output: the decode worker fetches the request's KV with it."""
+
+    output: RequestOutput
+    ticket: TransferTicket | None = None
+
+
+@dataclass(frozen=True)
+class PollResult:
+    instance_id: str
+    events: tuple[WorkerEvent, ...]
+
+
+@dataclass(frozen=True)
+class Ack:
+    """Answer to a command. `error` is the engine's "field: message" for input it refused
+    (`kind="invalid"`), or why the command could not run (`kind="failed"`)."""
+
+    ok: bool
+    error: str | None = None
+    kind: Literal["ok", "invalid", "failed"] = "ok"
+    elapsed_s: float = 0.0  # worker-side time the command took (KV fetch + copy for receive_kv)
+    nbytes: int = 0
+
+    @staticmethod
+    def success(elapsed_s: float = 0.0, nbytes: int = 0) -> Ack:
+        return Ack(ok=True, elapsed_s=elapsed_s, nbytes=nbytes)
+
+    @staticmethod
+    def invalid(message: str) -> Ack:
+        return Ack(ok=False, error=message, kind="invalid")
+
+    @staticmethod
+    def failed(message: str) -> Ack:
+        return Ack(ok=False, error=message, kind="failed")
+
+
+@dataclass(frozen=True)
+class StatsSnapshot:
+    """The engine's `EngineStats` plus the worker's own identity, taken on the step thread."""
+
+    instance_id: str
+    engine: Any  # engine.core.EngineStats (frozen dataclass)
+    num_consumers: int
+    step_loop_alive: bool

@@ -1,0 +1,135 @@
+"""The `dspark-serve` command itself, as users run it: `up` on one machine, and `worker` +
+`gateway` against an existing Ray cluster. Each loads the model again: slow."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.services.conftest import MODEL
+from tests.services.serving import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def dspark_serve(*args: str, log: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1", **(env or {})}
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+                try:
+                    process.wait(90)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+
+
+def wait_for_line(log: Path, prefix: str, process: subprocess.Popen[str], timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in log.read_text().splitlines():
+            if line.startswith(prefix):
+                return line
+        if process.poll() is not None:
+            break
+        time.sleep(0.5)
+    raise AssertionError(f"no line starting with {prefix!r}; log tail:\n{log.read_text()[-3000:]}")
+
+
+def ask(port: int) -> str:
+    client = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=300
+    )
+    response = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, temperature=0
+    )
+    return response.choices[0].message.content or ""
+
+
+def test_up_serves_and_shuts_down_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    log = tmp_path / "up.log"
+    with dspark_serve(
+        "up",
+        "--port",
+        str(port),
+        "--num-cpus",
+        "4",
+        "--max-num-seqs",
+        "8",
+        "--kv-cache-memory-bytes",
+        str(512 * 1024 * 1024),
+        log=log,
+    ) as process:
+        line = wait_for_line(log, "dspark-serve ready:", process, 900)
+        assert f"http://127.0.0.1:{port}/v1" in line and f"model={MODEL}" in line
+        assert "decode=1" in line and "prefill=1" in line
+        assert ask(port)
+        process.send_signal(signal.SIGTERM)  # what Kubernetes sends
+        assert process.wait(90) == 0
+
+
+def test_worker_and_gateway_join_an_existing_cluster(tmp_path: Path) -> None:
+    head_port = free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    # a cluster of our own, stopped through its own process (never `ray stop`: other clusters run here)
+    head = subprocess.Popen(
+        [
+            "ray",
+            "start",
+            "--head",
+            "--block",
+            f"--port={head_port}",
+            "--num-cpus=4",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        env=env,
+        stdout=(tmp_path / "head.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        options = {
+            "DSPARK_RAY_ADDRESS": f"127.0.0.1:{head_port}",
+            "DSPARK_NAMESPACE": "cli-test",
+            "DSPARK_DEPLOYMENT": "cli",
+            "DSPARK_KV_CACHE_MEMORY_BYTES": str(512 * 1024 * 1024),
+        }
+        worker_log = tmp_path / "worker.log"
+        with dspark_serve(
+            "worker", "--role", "colocated", "--replicas", "1", log=worker_log, env=options
+        ) as worker:
+            assert worker.wait(900) == 0, worker_log.read_text()[-3000:]
+        assert "cli-worker-0 ready" in worker_log.read_text()
+        port = free_port()
+        gateway_log = tmp_path / "gateway.log"
+        with dspark_serve("gateway", "--port", str(port), log=gateway_log, env=options) as gateway:
+            wait_for_line(gateway_log, "dspark-serve ready:", gateway, 300)
+            assert ask(port)
+    finally:
+        head.send_signal(signal.SIGTERM)
+        try:
+            head.wait(60)
+        except subprocess.TimeoutExpired:
+            head.kill()
