@@ -105,12 +105,15 @@ def ceilings() -> dict[str, float]:
     return {"copy_bytes_per_s": copy_bw, "bf16_flops_per_s": 2 * 8192**3 / statistics.median(mm)}
 
 
-def _decode_rate(engine: EngineCore, batch: int, prompt_len: int, steps: int) -> tuple[float, float]:
-    """(seconds per decode step, context length at the middle of the timed window)."""
+def _decode_rate(engine: EngineCore, batch: int, prompt_len: int, steps: int,
+                 tokens_per_step: int = 1) -> tuple[float, float]:
+    """(seconds per decode step, context length at the middle of the timed window). Every
+    request runs through the whole window: max_tokens covers `tokens_per_step` per step."""
     gen = torch.Generator().manual_seed(batch)
     for i in range(batch):
         prompt = torch.randint(3, engine.model_config.vocab_size, (prompt_len,), generator=gen).tolist()
-        engine.add_request(f"d{i}", prompt, SamplingParams(max_tokens=steps + 40, temperature=0.0,
+        engine.add_request(f"d{i}", prompt, SamplingParams(max_tokens=(steps + 40) * tokens_per_step,
+                                                           temperature=0.0,
                                                            ignore_eos=True))
     while any(len(r.output_ids) == 0 for r in engine.requests.values()):
         engine.step()
@@ -148,7 +151,8 @@ def decode(loaded: LoadedModel, ceil: dict[str, float], batches: list[int]) -> l
 
 def prefill(loaded: LoadedModel, ceil: dict[str, float], tokens: int = 4096) -> dict[str, Any]:
     cfg = loaded.config
-    engine = engine_for(loaded, max_num_seqs=4, max_num_batched_tokens=tokens, kv_cache_memory_bytes=8 << 30)
+    engine = engine_for(loaded, max_num_seqs=4, max_num_batched_tokens=tokens, kv_cache_memory_bytes=8 << 30,
+                        max_model_len=2 * tokens)
     gen = torch.Generator().manual_seed(1)
     times = []
     for i in range(4):
@@ -207,7 +211,7 @@ def dspark(loaded: LoadedModel, batches: list[int], accept_lens: list[float]) ->
         for accept in accept_lens:
             spec = SpeculativeConfig(drafter=str(tmp), simulate_accept_len=accept)
             engine = engine_for(loaded, max_num_seqs=batch, kv_cache_memory_bytes=24 << 30, speculative=spec)
-            step_s, _ = _decode_rate(engine, batch, 512, 24)
+            step_s, _ = _decode_rate(engine, batch, 512, 24, tokens_per_step=drafter_config.window)
             rows.append({"batch": batch, "accept_len": accept, "step_ms": step_s * 1e3,
                          "tokens_per_s": batch * accept / step_s})
             del engine

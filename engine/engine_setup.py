@@ -79,14 +79,13 @@ def build_engine_parts(config: EngineConfig, loaded: LoadedModel | None = None) 
             if config.speculative else None)
     step_width = spec.window if spec else 1
     page_size = config.page_size or (1 if device.type == "cpu" else 16)
-    max_context = max_model_len + 2 * step_width + page_size
+    max_context = -(-(max_model_len + 2 * step_width) // page_size) * page_size + page_size
 
     bytes_per_slot = KVPool.bytes_per_slot(mc.num_layers, local_kv_heads, mc.head_dim, dtype)
     if spec is not None:
         bytes_per_slot += spec.kv_bytes_per_slot(dtype)
     num_slots = _kv_budget_bytes(config, device) // bytes_per_slot
-    num_slots = min(num_slots, config.max_num_seqs * max_context)
-    num_slots = num_slots // page_size * page_size
+    num_slots = min(num_slots, config.max_num_seqs * max_context) // page_size * page_size
     if num_slots < max_context:
         raise ValueError(
             f"kv_cache_memory_bytes: the KV budget holds {num_slots} tokens, fewer than one request "

@@ -14,16 +14,17 @@ from engine.runner.h2d import copy_into
 
 
 class ReqToTokenTable:
-    """`max_rows` rows for requests plus one padding row (`padding_row`) whose slots are all
-    -1: fixed-size batches (CUDA graph buckets) fill unused entries with it, and its writes
-    land in the pools' sink row."""
+    """`max_rows` rows for requests plus one padding row (`padding_row`) whose every position
+    is the pools' sink slot: fixed-size batches (CUDA graph buckets) fill unused entries with
+    it, so their reads and writes stay inside the pools and touch nothing live."""
 
-    def __init__(self, max_rows: int, max_context: int, device: torch.device) -> None:
+    def __init__(self, max_rows: int, max_context: int, device: torch.device, sink_slot: int) -> None:
         self.max_rows = max_rows
         self.max_context = max_context
         self.padding_row = max_rows
         self.host = np.full((max_rows + 1, max_context), -1, dtype=np.int32)
-        self.device_table = torch.full((max_rows + 1, max_context), -1, dtype=torch.int32, device=device)
+        self.host[self.padding_row] = sink_slot
+        self.device_table = torch.from_numpy(self.host.copy()).to(device)
         self._free_rows = list(range(max_rows - 1, -1, -1))
 
     @property

@@ -78,8 +78,6 @@ def test_every_variable_is_an_option_with_a_valid_value(profile: str | None) -> 
 
 def test_planner_subcommand_takes_the_charts_variables() -> None:
     commands = subcommands()
-    if "planner" not in commands:
-        pytest.skip("`dspark-serve planner` is not in services/cli yet")
     (_, _, container) = [c for c in containers_running(ds.render()) if c[0] == "planner"][0]
     unknown = set(dspark_env(container)) - option_variables(commands["planner"])
     assert not unknown, f"`dspark-serve planner` has no option for {sorted(unknown)}"

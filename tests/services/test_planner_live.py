@@ -1,0 +1,193 @@
+"""The planner end to end: a real Prometheus on loopback scrapes a small exporter of our
+metrics; the planner reads it and patches a RayCluster held by kmock, which stands in for
+the Kubernetes API server (none can run here) and serves the official client on loopback.
+
+Exercises `dspark-serve planner --once` (scale-up on a TTFT breach) and then the loop's
+evaluation with carried state (scale-down after the cool-down once TTFT is healthy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+
+from services.metrics import Metrics
+from tests.services.prometheus import prometheus_binary, run_prometheus
+
+kmock = pytest.importorskip("kmock") if not os.environ.get("CI") else __import__("kmock")
+if prometheus_binary() is None and not os.environ.get("CI"):
+    pytest.skip("needs the `prometheus` binary (Debian package prometheus)", allow_module_level=True)
+
+MODEL = "m"
+NAMESPACE, CLUSTER = "serving", "dspark-ray"
+RAYCLUSTERS = "ray.io/v1/rayclusters"
+
+
+class Exporter:
+    """Serves `generate_latest` of one Metrics registry on loopback."""
+
+    def __init__(self) -> None:
+        self.metrics = Metrics()
+        registry = self.metrics.registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                body = generate_latest(registry)
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.target = f"127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def observe(self, ttft_s: float, tpot_s: float, count: int = 50) -> None:
+        ttft = self.metrics.histogram("dspark_time_to_first_token_seconds").labels(MODEL, "gateway")
+        tpot = self.metrics.histogram("dspark_time_per_output_token_seconds").labels(MODEL, "gateway")
+        for _ in range(count):
+            ttft.observe(ttft_s)
+            tpot.observe(tpot_s)
+
+
+class FakeKubeApi:
+    """kmock's Kubernetes emulator on its own event loop thread, holding one RayCluster."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self.url = ""
+        self.emulator: Any = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+        self._thread.start()
+        assert self._ready.wait(20), "kmock did not start"
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
+            emulator.resources[RAYCLUSTERS] = kmock.ResourceInfo(
+                namespaced=True, kind="RayCluster", verbs={"get", "patch"}
+            )
+            emulator.objects[RAYCLUSTERS, NAMESPACE, CLUSTER] = {
+                "apiVersion": "ray.io/v1",
+                "kind": "RayCluster",
+                "metadata": {"name": CLUSTER, "namespace": NAMESPACE},
+                "spec": {
+                    "headGroupSpec": {"rayStartParams": {}},
+                    "workerGroupSpecs": [
+                        {"groupName": group, "replicas": 1, "minReplicas": 1, "maxReplicas": 4}
+                        for group in ("prefill", "decode")
+                    ],
+                },
+            }
+            self.emulator = emulator
+            self.url = str(server.url).rstrip("/")
+            self._ready.set()
+            await self._stop.wait()
+
+    def close(self) -> None:
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[tuple[Exporter, Any, FakeKubeApi]]:
+    exporter = Exporter()
+    gauges = exporter.metrics
+    for role in ("prefill", "decode"):
+        gauges.gauge("dspark_num_requests_waiting").labels(MODEL, role).set(0)
+        gauges.gauge("dspark_kv_cache_usage_ratio").labels(MODEL, role).set(0.1)
+    kube = FakeKubeApi()
+    try:
+        with run_prometheus(exporter.target, tmp_path) as prometheus:
+            yield exporter, prometheus, kube
+    finally:
+        kube.close()
+        exporter.server.shutdown()
+
+
+def replicas(kube: FakeKubeApi) -> dict[str, int]:
+    from services.planner.kube import RayClusterScaler, custom_objects_api
+
+    groups = RayClusterScaler(custom_objects_api(kube.url), NAMESPACE, CLUSTER).worker_groups(
+        ("prefill", "decode")
+    )
+    return {name: group.replicas for name, group in groups.items()}
+
+
+def test_planner_scales_prefill_up_on_ttft_then_down_after_cooldown(
+    stack: tuple[Exporter, Any, FakeKubeApi],
+) -> None:
+    from services.cli import main
+    from services.planner.kube import RayClusterScaler, custom_objects_api
+    from services.planner.loop import GroupNames, evaluate
+    from services.planner.policy import GroupLimits, GroupState, PlannerState, PolicyConfig
+    from services.planner.prometheus import PrometheusReader, SignalQueries
+
+    exporter, prometheus, kube = stack
+    window = "6s"
+    # Breach: TTFT 5 s against a 1 s target; TPOT comfortably inside its band (0.06 of 0.1).
+    exporter.observe(ttft_s=5.0, tpot_s=0.06)
+    deadline = time.monotonic() + 30
+    query = (
+        f"histogram_quantile(0.95, sum by (le) (rate(dspark_time_to_first_token_seconds_bucket[{window}])))"
+    )
+    while not prometheus.query(query) or prometheus.query(query)[0]["value"][1] == "NaN":
+        assert time.monotonic() < deadline, "Prometheus never saw the TTFT observations"
+        exporter.observe(ttft_s=5.0, tpot_s=0.06, count=5)
+        time.sleep(0.5)
+
+    args = [
+        "planner", "--once", "--prometheus-url", prometheus.url, "--kube-host", kube.url,
+        "--kube-namespace", NAMESPACE, "--raycluster", CLUSTER, "--model", MODEL, "--window", window,
+        "--ttft-target-s", "1", "--tpot-target-s", "0.1", "--max-step", "2",
+    ]  # fmt: skip
+    assert main([*args, "--dry-run"]) == 0
+    assert replicas(kube) == {"prefill": 1, "decode": 1}
+    assert main(args) == 0
+    after_up = replicas(kube)
+    assert after_up["prefill"] == 3 and after_up["decode"] == 1  # 1 + max-step; decode untouched
+
+    # Healthy from now on: only fast requests; once the window holds no slow one, p95 is low.
+    config = PolicyConfig(
+        ttft_target_s=1.0,
+        tpot_target_s=0.1,
+        prefill=GroupLimits(1, 4),
+        decode=GroupLimits(1, 4),
+        scale_down_cooldown_s=3.0,
+    )
+    reader = PrometheusReader(prometheus.url, SignalQueries(model=MODEL, window=window))
+    scaler = RayClusterScaler(custom_objects_api(kube.url), NAMESPACE, CLUSTER)
+    # As the long-running loop would have it after the scale-up above: its cool-down running.
+    state = PlannerState(prefill=GroupState(last_scale_up_s=time.monotonic()))
+    seen: list[str] = []
+    start = time.monotonic()
+    try:
+        while replicas(kube)["prefill"] == 3:
+            assert time.monotonic() - start < 30, f"prefill never scaled down: {seen}"
+            exporter.observe(ttft_s=0.05, tpot_s=0.01, count=20)
+            plan, state = evaluate(config, reader, scaler, GroupNames(), state, time.monotonic())
+            seen.append(str(plan.prefill))
+            assert not plan.decode.changed  # already at its minimum
+            time.sleep(0.5)
+    finally:
+        reader.close()
+    assert replicas(kube) == {"prefill": 2, "decode": 1}
+    # The step down came only after a calm stretch of the cool-down.
+    assert any("scale-down cool-down" in reason for reason in seen), seen
