@@ -33,13 +33,16 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
 serve: install
-	$(VENV)/bin/dspark-serve up
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/dspark-serve up
+
+# The venv's tools (hadolint, kubernetes-validate, dspark-serve) must be on PATH for the tests.
+TEST_ENV := PATH="$(abspath $(VENV))/bin:$$PATH" RAY_AUTH_MODE=disabled
 
 test: install system-deps
-	RAY_AUTH_MODE=disabled $(PY) -m pytest -q $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-all: install system-deps
-	RAY_AUTH_MODE=disabled $(PY) -m pytest -q -m "" $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest -q -m "" $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check engine services tests benchmarks
