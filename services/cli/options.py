@@ -128,7 +128,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--speculative",
         choices=("auto", "on", "off"),
         default="auto",
-        help="DSpark speculative decoding; auto = on when the model ships a drafter",
+        help="DSpark speculative decoding; auto = on when the model ships a drafter and the engine runs "
+        "on a GPU (on CPU a verify window of W tokens costs several single-token steps, so the "
+        "shipped drafter's acceptance does not pay there: docs/benchmarks.md)",
     )
     group.add_argument(
         "--drafter", default=None, help="drafter checkpoint directory (default: the shipped one)"
@@ -146,6 +148,16 @@ def shipped_drafter_available(model: str) -> bool:
     return shipped_drafter(model) is not None
 
 
+def runs_on_gpu(device: str) -> bool:
+    if device.startswith("cuda"):
+        return True
+    if device != "auto":
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def engine_config_from_args(args: argparse.Namespace) -> Any:
     from engine.config import EngineConfig, SpeculativeConfig
 
@@ -153,7 +165,7 @@ def engine_config_from_args(args: argparse.Namespace) -> Any:
     if (
         args.speculative == "on"
         or args.drafter
-        or (args.speculative == "auto" and shipped_drafter_available(args.model))
+        or (args.speculative == "auto" and shipped_drafter_available(args.model) and runs_on_gpu(args.device))
     ):
         speculative = SpeculativeConfig(drafter=args.drafter, gamma=args.gamma)
     if args.speculative == "off":

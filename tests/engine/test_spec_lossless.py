@@ -32,9 +32,9 @@ def _greedy(n: int) -> SamplingParams:
 def test_greedy_spec_equals_plain(make_engine, spec, batch):
     plain = make_engine(max_num_seqs=batch, max_num_batched_tokens=64)
     dspark = make_engine(max_num_seqs=batch, max_num_batched_tokens=64, speculative=spec)
-    prompts = [chat_ids(plain, c) for c in CHAT_PROMPTS[:8]]
-    expected = run(plain, prompts, _greedy(40))
-    got = run(dspark, prompts, _greedy(40))
+    prompts = [chat_ids(plain, c) for c in CHAT_PROMPTS[:4] + CHAT_PROMPTS[17:19]]
+    expected = run(plain, prompts, _greedy(24))
+    got = run(dspark, prompts, _greedy(24))
     assert [g.token_ids for g in got] == [e.token_ids for e in expected]
     assert [g.text for g in got] == [e.text for e in expected]
     assert dspark.stats().spec_verify_steps_total > 0
