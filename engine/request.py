@@ -18,7 +18,7 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # identity: queues find a request by `is`, never by comparing fields
 class Request:
     request_id: str
     prompt_ids: list[int]

@@ -63,11 +63,11 @@ class Scheduler:
         self.waiting.append(req)
 
     def remove(self, req: Request) -> None:
-        for queue in (self.prefilling, self.decoding):
+        """Drop `req` from whichever queue holds it (requests compare by identity)."""
+        for queue in (self.decoding, self.prefilling, self.waiting):
             if req in queue:
                 queue.remove(req)
-        if req in self.waiting:
-            self.waiting.remove(req)
+                return
 
     @property
     def num_running(self) -> int:
