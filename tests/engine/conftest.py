@@ -45,21 +45,26 @@ def make_engine(smollm: LoadedModel) -> EngineFactory:
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer random Llama (HF format) with SmolLM2's tokenizer. Weights are scaled up so
     that greedy choices are not near-ties."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     out = tmp_path_factory.mktemp("tiny-llama")
     tokenizer = Tokenizer.from_source(resolve_model("smollm2-135m"))
     tokenizer.hf_tokenizer.save_pretrained(str(out))
-    config = LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=2048, tie_word_embeddings=True,
-                         bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    return save_random_llama(out, seed=0, weight_std=0.15, vocab_size=tokenizer.vocab_size,
+                             max_position_embeddings=2048, tie_word_embeddings=True)
+
+
+def save_random_llama(out: Path, seed: int, weight_std: float, **config: Any) -> Path:
+    """A 2-layer Llama (hidden 64, 4 q / 2 kv heads) with N(0, weight_std) matrices, saved
+    in Hugging Face format into `out`; `config` sets the rest of LlamaConfig."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, bos_token_id=1,
+                                         eos_token_id=2, **config))
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() > 1:
-                param.normal_(0.0, 0.15)
+                param.normal_(0.0, weight_std)
     model.save_pretrained(str(out))
     return out
 
@@ -91,21 +96,10 @@ def save_word_tokenizer(out: Path, words: list[str]) -> None:
 @pytest.fixture(scope="session")
 def small_vocab_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer random Llama over a 32-token vocabulary, for distribution tests."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     out = tmp_path_factory.mktemp("small-vocab-llama")
     save_word_tokenizer(out, [f"w{i}" for i in range(29)])
-    config = LlamaConfig(vocab_size=32, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(1)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() > 1:
-                param.normal_(0.0, 0.08)
-    model.save_pretrained(str(out))
-    return out
+    return save_random_llama(out, seed=1, weight_std=0.08, vocab_size=32, max_position_embeddings=512,
+                             tie_word_embeddings=False)
 
 
 @pytest.fixture(scope="session")
