@@ -94,7 +94,7 @@ def ceilings() -> dict[str, float]:
     dst = torch.empty_like(src)
     for _ in range(3):
         dst.copy_(src)
-    runs = [timed(lambda: dst.copy_(src)) for _ in range(10)]
+    runs = [timed(lambda d=dst, s=src: d.copy_(s)) for _ in range(10)]
     copy_bw = 2 * src.numel() * 2 / statistics.median(runs)
     del src, dst
     a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
@@ -182,7 +182,7 @@ def hf_peer(config: ModelConfig, batches: list[int], prompt_len: int = 512, new_
     for batch in batches:
         ids = torch.randint(3, config.vocab_size, (batch, prompt_len), device="cuda")
 
-        def gen(n: int) -> None:
+        def gen(n: int, ids: torch.Tensor = ids, model: Any = model) -> None:
             model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
 
         gen(2)
@@ -229,10 +229,10 @@ def expansion(loaded: LoadedModel, num_requests: int = 128) -> list[dict[str, An
         launch_times: list[float] = []
         launch = engine.runner.launch
 
-        def timed_launch(step: Any, _launch: Any = launch) -> Any:
+        def timed_launch(step: Any, _launch: Any = launch, times: list[float] = launch_times) -> Any:
             start = time.perf_counter()
             out = _launch(step)
-            launch_times.append(time.perf_counter() - start)
+            times.append(time.perf_counter() - start)
             return out
 
         engine.runner.launch = timed_launch  # type: ignore[method-assign]

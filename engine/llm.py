@@ -38,7 +38,7 @@ class LLM:
         """Generate for every prompt (text or token ids) together; results in prompt order."""
         prompt_list = self._prompt_list(prompts)
         param_list = self._param_list(params, len(prompt_list))
-        ids = [self._add(p, sp) for p, sp in zip(prompt_list, param_list)]
+        ids = [self._add(p, sp) for p, sp in zip(prompt_list, param_list, strict=True)]
         return self._collect(ids)
 
     def chat(self, messages: Sequence[Message] | Sequence[Sequence[Message]],

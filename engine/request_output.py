@@ -85,7 +85,7 @@ class OutputProcessor:
         top: tuple[tuple[int, float], ...] = ()
         if top_n and result.top_ids is not None and result.top_logprobs is not None:
             top = tuple((int(t), float(lp)) for t, lp in
-                        zip(result.top_ids[row, col, :top_n], result.top_logprobs[row, col, :top_n]))
+                        zip(result.top_ids[row, col, :top_n], result.top_logprobs[row, col, :top_n], strict=True))
         return TokenLogprob(int(result.tokens[row, col]), float(result.logprob[row, col]), top)
 
     def finish(self, req: Request, reason: str, stop_reason: str | int | None = None,

@@ -31,7 +31,7 @@ def run(engine: EngineCore, prompts: Sequence[Sequence[int]],
     """Add every prompt at once, step until all finish, return results in prompt order."""
     plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
     ids = [f"req-{next(_ids)}" for _ in prompts]
-    for request_id, prompt, p in zip(ids, prompts, plist):
+    for request_id, prompt, p in zip(ids, prompts, plist, strict=True):
         engine.add_request(request_id, list(prompt), p)
     collected: dict[str, list[RequestOutput]] = {i: [] for i in ids}
     done: dict[str, Finished] = {}

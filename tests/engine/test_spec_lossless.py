@@ -82,9 +82,8 @@ def _second_token_law(loaded, prompt: list[int], params: SamplingParams) -> np.n
 
 
 def _last_logits(model, sequences: list[list[int]]) -> torch.Tensor:
-    from tests.models.model_harness import DenseKVCache, make_metadata
     from engine.models.context import ForwardContext
-    from tests.models.model_harness import DenseTestBackend
+    from tests.models.model_harness import DenseKVCache, DenseTestBackend, make_metadata
 
     rows = []
     for seq in sequences:
