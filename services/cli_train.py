@@ -126,6 +126,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
         ",".join(f"{t:g}" for t in gen.temperatures),
         "answers per prompt, one per temperature (0 = greedy), comma-separated",
     )
+    _add(
+        data,
+        "--samples-per-temperature",
+        int,
+        gen.samples_per_temperature,
+        "answers per prompt at each temperature above 0, each with its own seed",
+    )
     _add(data, "--max-new-tokens", int, gen.max_new_tokens, "answer length limit")
     _add(data, "--max-prompt-tokens", int, gen.max_prompt_tokens, "longer prompts are skipped")
     _add(data, "--heldout-permille", int, gen.heldout_permille, "share of prompts held out for evaluation")
@@ -178,9 +185,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     )
     _add(ev, "--max-minutes", float, None, "time budget of the whole run (required when --steps is 0)")
     _add(ev, "--gen-minutes", float, None, "generation budget (default: 35%% of --max-minutes)")
-    _add(
-        ev, "--eval-minutes", float, None, "time kept for evaluation (default: 10%% of --max-minutes, <= 1.5)"
-    )
+    _add(ev, "--eval-minutes", float, None, "time kept for evaluation (default: 10%% of --max-minutes, <= 1.5)")
     _add_flag(ev, "--no-progress", "no progress bars")
     _add(ev, "--log-level", str, "INFO", "logging level")
     return parser
@@ -207,11 +212,10 @@ def run_config(args: argparse.Namespace) -> Any:
     from engine.spec.train.trainer import TrainConfig
 
     if args.steps == 0 and args.max_minutes is None:
-        raise ValueError(
-            "--steps 0 sizes training to the time budget: give --max-minutes, or a number of --steps"
-        )
+        raise ValueError("--steps 0 sizes training to the time budget: give --max-minutes, or a number of --steps")
     plan = GenerationPlan(
         temperatures=tuple(args.temperatures),
+        samples_per_temperature=args.samples_per_temperature,
         max_new_tokens=args.max_new_tokens,
         max_prompt_tokens=args.max_prompt_tokens,
         heldout_permille=args.heldout_permille,

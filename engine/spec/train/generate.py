@@ -99,11 +99,7 @@ class EngineGenerator:
         answers = []
         for out in outputs:
             ids = list(out.token_ids)
-            if (
-                out.finish_reason == "stop"
-                and self.eos_token_ids
-                and (not ids or ids[-1] not in self.eos_token_ids)
-            ):
+            if out.finish_reason == "stop" and self.eos_token_ids and (not ids or ids[-1] not in self.eos_token_ids):
                 ids.append(self.eos_token_ids[0])  # stopped on EOS without reporting it: keep it in the data
             answers.append(ids)
         return answers
@@ -164,9 +160,7 @@ class DenseGenerator:
         temps = torch.tensor(temperatures, dtype=torch.float32, device=device)
         gen = torch.Generator(device=device).manual_seed(int(seed) % (2**63))
 
-        last = torch.empty(
-            rows, cfg.hidden_size, dtype=self.dtype, device=device
-        )  # [B, H] at each prompt's end
+        last = torch.empty(rows, cfg.hidden_size, dtype=self.dtype, device=device)  # [B, H] at each prompt's end
         for r0 in range(0, rows, PREFILL_ROWS):  # prefill in row groups: bounded activation memory
             r1 = min(rows, r0 + PREFILL_ROWS)
             positions = torch.arange(prompt_len, device=device).expand(r1 - r0, prompt_len)
@@ -174,9 +168,7 @@ class DenseGenerator:
             ctx = ForwardContext(
                 meta=dense_metadata(r1 - r0, prompt_len, device), kv=cache.rows(r0, r1), backend=backend
             )
-            hidden = self.model(tokens[r0:r1].reshape(-1), positions.reshape(-1), ctx).view(
-                r1 - r0, prompt_len, -1
-            )
+            hidden = self.model(tokens[r0:r1].reshape(-1), positions.reshape(-1), ctx).view(r1 - r0, prompt_len, -1)
             last[r0:r1] = hidden[torch.arange(r1 - r0, device=device), lengths[r0:r1] - 1]
         next_ids = self._sample(self.model.compute_logits(last), temps, gen)  # type: ignore[operator]
         position = lengths.clone()  # where next_ids goes
@@ -210,12 +202,17 @@ class DenseGenerator:
 
 @dataclass(frozen=True)
 class GenerationPlan:
-    temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)  # one answer per prompt at each
+    temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)  # answers per prompt at each
+    samples_per_temperature: int = 1  # answers per prompt at each temperature > 0 (greedy: one)
     max_new_tokens: int = 256
     max_prompt_tokens: int = 1024  # longer prompts are skipped
     heldout_permille: int = 30
     chunk_size: int = 512  # jobs (prompt x temperature) per shard
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.samples_per_temperature < 1:
+            raise ValueError(f"samples_per_temperature must be >= 1, got {self.samples_per_temperature}")
 
 
 @dataclass(frozen=True)
@@ -229,8 +226,9 @@ class GenerationReport:
     stopped_by_deadline: bool
 
 
-def job_seed(seed: int, prompt_index: int, temperature: float) -> int:
-    digest = hashlib.sha1(f"{seed}:{prompt_index}:{temperature}".encode()).digest()
+def job_seed(seed: int, prompt_index: int, temperature: float, sample: int = 0) -> int:
+    tag = f"{seed}:{prompt_index}:{temperature}" + (f":{sample}" if sample else "")
+    digest = hashlib.sha1(tag.encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
 
@@ -240,14 +238,13 @@ class Job:
     prompt_ids: list[int]
     temperature: float
     heldout: bool
+    sample: int = 0  # which of the prompt's answers at this temperature
 
 
-def plan_jobs(
-    prompts: Sequence[ChatPrompt], tokenizer: ChatTokenizer, plan: GenerationPlan
-) -> list[list[Job]]:
-    """Render every prompt with the chat template; one job per (prompt, temperature), in
-    chunks of plan.chunk_size (chunk c becomes shard gen-c). Prompts longer than
-    plan.max_prompt_tokens are skipped."""
+def plan_jobs(prompts: Sequence[ChatPrompt], tokenizer: ChatTokenizer, plan: GenerationPlan) -> list[list[Job]]:
+    """Render every prompt with the chat template; one job per (prompt, temperature, sample)
+    (greedy answers once), in chunks of plan.chunk_size (chunk c becomes shard gen-c).
+    Prompts longer than plan.max_prompt_tokens are skipped."""
     jobs: list[Job] = []
     for index, prompt in enumerate(prompts):
         text = tokenizer.apply_chat_template(prompt.messages(), add_generation_prompt=True)
@@ -255,7 +252,9 @@ def plan_jobs(
         if len(ids) > plan.max_prompt_tokens:
             continue
         heldout = prompt.is_heldout(plan.heldout_permille)
-        jobs.extend(Job(index, ids, float(temp), heldout) for temp in plan.temperatures)
+        for temp in plan.temperatures:
+            samples = plan.samples_per_temperature if temp > 0 else 1
+            jobs.extend(Job(index, ids, float(temp), heldout, sample) for sample in range(samples))
     return [jobs[i : i + plan.chunk_size] for i in range(0, len(jobs), plan.chunk_size)]
 
 
@@ -296,7 +295,7 @@ def generate_dataset(
         answers = generator.generate(
             [j.prompt_ids for j in chunk],
             [j.temperature for j in chunk],
-            [job_seed(plan.seed, j.prompt_index, j.temperature) for j in chunk],
+            [job_seed(plan.seed, j.prompt_index, j.temperature, j.sample) for j in chunk],
             plan.max_new_tokens,
         )
         seqs = [np.asarray(j.prompt_ids + a, dtype=np.int32) for j, a in zip(chunk, answers, strict=True)]
@@ -316,8 +315,6 @@ def generate_dataset(
         bar.update(1)
         bar.set_postfix(tok_s=f"{tokens / max(time.monotonic() - start, 1e-9):.0f}")
     bar.close()
-    report = GenerationReport(
-        written, reused, len(chunks), sequences, tokens, time.monotonic() - start, stopped
-    )
+    report = GenerationReport(written, reused, len(chunks), sequences, tokens, time.monotonic() - start, stopped)
     log.info("generation: %s", report)
     return report

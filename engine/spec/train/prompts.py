@@ -14,6 +14,7 @@ A prompt is held out for evaluation when the hash of its canonical text says so
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import random
@@ -75,8 +76,7 @@ _MATH: tuple[tuple[str, dict[str, tuple[int, int, int]]], ...] = (
         {"a": (60, 900, 10), "b": (2, 9, 1)},
     ),
     (
-        "{name} has {a} apples. She gives {b} to a friend and then buys {c} more. "
-        "How many apples does she have now?",
+        "{name} has {a} apples. She gives {b} to a friend and then buys {c} more. How many apples does she have now?",
         {"a": (5, 60, 1), "b": (1, 5, 1), "c": (2, 30, 1)},
     ),
     (
@@ -152,9 +152,7 @@ _MATH_SUFFIXES = (
 def _math(rng: random.Random) -> Iterator[ChatPrompt]:
     for _ in range(90):
         for template, ranges in _MATH:
-            values: dict[str, object] = {
-                k: rng.randrange(lo, hi + 1, step) for k, (lo, hi, step) in ranges.items()
-            }
+            values: dict[str, object] = {k: rng.randrange(lo, hi + 1, step) for k, (lo, hi, step) in ranges.items()}
             values["name"] = rng.choice(t.PEOPLE)
             yield _user("math", template.format(**values) + rng.choice(_MATH_SUFFIXES))
     for _ in range(60):
@@ -208,9 +206,7 @@ def _dialogue(rng: random.Random) -> Iterator[ChatPrompt]:
             yield _user("dialogue", f"Write a short dialogue between {who} about {topic}.")
     for persona in t.PERSONAS:
         for question in t.PERSONA_QUESTIONS:
-            yield ChatPrompt(
-                "roleplay", (("system", f"You are {persona}. Stay in character."), ("user", question))
-            )
+            yield ChatPrompt("roleplay", (("system", f"You are {persona}. Stay in character."), ("user", question)))
 
 
 _TOOLS: dict[str, tuple[str, dict[str, str]]] = {
@@ -373,31 +369,55 @@ SYSTEM_PROMPTS = (
 SYSTEM_PROMPT_SHARE = 0.25  # of the conversations that have no system prompt of their own
 
 
-def build_prompt_set(num_prompts: int, seed: int = 0) -> list[ChatPrompt]:
-    """`num_prompts` distinct conversations (fewer if the set runs out), mixed by domain
-    weight; the same (num_prompts, seed) always gives the same list, and a larger
-    num_prompts extends a smaller one's list."""
+MAX_ROUNDS = 12  # rounds of the builders (each with its own randomness) a prompt set may draw
+
+
+def _round_prompts(seed: int, round_index: int) -> Iterator[ChatPrompt]:
+    """One round of every builder's conversations, mixed by domain weight. Round 0 is the
+    seed's own draw; later rounds redraw the builders' random choices (names, numbers,
+    pairings), which yields conversations the earlier rounds did not have."""
+    tag = f"{seed}" if round_index == 0 else f"{seed}.{round_index}"
     pools: list[list[ChatPrompt]] = []
     weights: list[float] = []
     for builder, weight in _BUILDERS:
-        pool = list(builder(random.Random(f"{seed}:{builder.__name__}")))
-        random.Random(f"{seed}:{builder.__name__}:order").shuffle(pool)
+        pool = list(builder(random.Random(f"{tag}:{builder.__name__}")))
+        random.Random(f"{tag}:{builder.__name__}:order").shuffle(pool)
         pools.append(pool)
         weights.append(weight)
-    rng = random.Random(f"{seed}:mix")
-    seen: set[str] = set()
-    out: list[ChatPrompt] = []
+    rng = random.Random(f"{tag}:mix")
     cursors = [0] * len(pools)
-    while len(out) < num_prompts:
+    while True:
         live = [i for i, pool in enumerate(pools) if cursors[i] < len(pool)]
         if not live:
-            break
+            return
         i = rng.choices(live, weights=[weights[j] for j in live])[0]
         prompt = pools[i][cursors[i]]
         cursors[i] += 1
         if prompt.turns[0][0] != "system" and rng.random() < SYSTEM_PROMPT_SHARE:
             prompt = ChatPrompt(prompt.domain, (("system", rng.choice(SYSTEM_PROMPTS)), *prompt.turns))
-        if prompt.key not in seen:
+        yield prompt
+
+
+def build_prompt_set(num_prompts: int, seed: int = 0) -> list[ChatPrompt]:
+    """`num_prompts` distinct conversations (fewer if MAX_ROUNDS rounds run out), mixed by
+    domain weight; the same (num_prompts, seed) always gives the same list, and a larger
+    num_prompts extends a smaller one's list. One round gives about 7,000; each further
+    round adds the conversations its redrawn choices make new, no more per domain
+    than round 0 had."""
+    seen: set[str] = set()
+    out: list[ChatPrompt] = []
+    round_zero: collections.Counter[str] = collections.Counter()  # new prompts per domain in round 0
+    for round_index in range(MAX_ROUNDS):
+        new_in_round: collections.Counter[str] = collections.Counter()
+        for prompt in _round_prompts(seed, round_index):
+            if len(out) == num_prompts:
+                return out
+            # a domain adds no more per round than in round 0: rounds keep the mix
+            if prompt.key in seen or (round_index and new_in_round[prompt.domain] >= round_zero[prompt.domain]):
+                continue
             seen.add(prompt.key)
             out.append(prompt)
+            new_in_round[prompt.domain] += 1
+        if round_index == 0:
+            round_zero = new_in_round
     return out

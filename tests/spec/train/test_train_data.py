@@ -15,6 +15,7 @@ from engine.spec.train.generate import (
     DenseGenerator,
     GenerationPlan,
     generate_dataset,
+    job_seed,
     missing_chunks,
     plan_jobs,
 )
@@ -93,9 +94,7 @@ def test_batch_sampler_is_deterministic_resumable_and_length_bucketed() -> None:
         b.next_indices()
     c = BatchSampler(seqs, batch_size=8, max_seq_len=64, seed=3)
     c.load_state_dict(b.state_dict())
-    assert all(
-        np.array_equal(x, y) for x, y in zip(first[11:], [c.next_indices() for _ in range(19)], strict=True)
-    )
+    assert all(np.array_equal(x, y) for x, y in zip(first[11:], [c.next_indices() for _ in range(19)], strict=True))
     spread = [np.ptp(seqs.lengths[i]) for i in first[:20]]
     assert np.median(spread) < 20  # rows of a batch have similar lengths
     batch = pad_batch(seqs, first[0], torch.device("cpu"), max_seq_len=64)
@@ -118,6 +117,32 @@ def test_dense_generator_greedy_is_the_targets_argmax_chain() -> None:
     sampled = generator.generate(prompts, [1.0] * 4, [1, 2, 3, 4], max_new_tokens=20)
     assert sampled == generator.generate(prompts, [1.0] * 4, [1, 2, 3, 4], max_new_tokens=20)
     assert sampled != answers
+
+
+def test_prompt_set_grows_past_one_round_keeping_its_prefix_and_mix() -> None:
+    one_round = build_prompt_set(7000, seed=0)
+    larger = build_prompt_set(15_000, seed=0)
+    assert len(larger) == 15_000 and len({p.key for p in larger}) == 15_000
+    assert [p.key for p in larger[:7000]] == [p.key for p in one_round]
+    first = collections.Counter(p.domain for p in larger[:7000])
+    later = collections.Counter(p.domain for p in larger[7000:])
+    assert set(later) >= {"coding", "explain", "creative", "tool-call"}
+    for domain, count in later.items():  # no domain adds more per round than round 0 gave it
+        assert count <= 2 * first[domain], domain
+
+
+def test_sampled_temperatures_get_several_answers_with_distinct_seeds() -> None:
+    plan = GenerationPlan(temperatures=(0.0, 0.7), samples_per_temperature=3, chunk_size=100)
+    jobs = [j for chunk in plan_jobs(build_prompt_set(4, seed=0), WordTokenizer(), plan) for j in chunk]
+    assert len(jobs) == 4 * (1 + 3)
+    greedy = [j for j in jobs if j.temperature == 0.0]
+    assert len(greedy) == 4 and {j.sample for j in greedy} == {0}
+    seeds = {job_seed(plan.seed, j.prompt_index, j.temperature, j.sample) for j in jobs}
+    assert len(seeds) == len(jobs)
+    # the first answer keeps the seed it had before samples_per_temperature existed
+    assert job_seed(0, 5, 0.7, 0) == job_seed(0, 5, 0.7)
+    with pytest.raises(ValueError, match="samples_per_temperature"):
+        GenerationPlan(samples_per_temperature=0)
 
 
 def test_generate_dataset_writes_shards_resumes_and_stops_at_deadline(tmp_path) -> None:
@@ -158,9 +183,7 @@ def test_engine_and_dense_generators_agree_on_greedy_answers(tmp_path) -> None:
     config = tiny_target_config()
     target = tiny_target(config, seed=7)
     save_hf_target(tmp_path / "hf", target, config)
-    engine = EngineGenerator(
-        str(tmp_path / "hf"), device="cpu", max_num_seqs=4, kv_cache_memory_bytes=1 << 20
-    )
+    engine = EngineGenerator(str(tmp_path / "hf"), device="cpu", max_num_seqs=4, kv_cache_memory_bytes=1 << 20)
     dense = DenseGenerator(target, config, [EOS], torch.device("cpu"))
     prompts = [[3, 25, 23, 9, 22, 53, 12], [3, 5, 6, 7], [3, 9, 9, 9, 9, 9, 9, 9, 9, 10], [3, 11]]
     temps, seeds = [0.0] * 4, [1, 2, 3, 4]
