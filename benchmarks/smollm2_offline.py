@@ -1,10 +1,13 @@
-"""Offline generation speed on CPU with the embedded SmolLM2, side by side in one run:
+"""Offline generation speed with the embedded SmolLM2, side by side in one run:
 
 - our engine, plain greedy decoding, at batch 1 and 16;
-- our engine with DSpark (the shipped drafter) at the same batches;
+- our engine with DSpark (the shipped drafter, or --drafter) at the same batches;
 - Hugging Face transformers `generate` on the same prompts and weights (the peer).
 
-    python benchmarks/cpu_offline.py [--batches 1,16] [--new-tokens 64] [--out results.json]
+    python benchmarks/smollm2_offline.py [--device cpu|cuda] [--model smollm2-135m|PATH.gguf]
+        [--drafter DIR] [--batches 1,16] [--new-tokens 64] [--out results.json]
+
+CPU runs in float32, a GPU in bfloat16 with CUDA graphs (the engine's defaults).
 
 Every system gets the same chat prompts and greedy decoding with EOS ignored, so each
 produces exactly --new-tokens tokens per prompt; tokens/s counts generated tokens over the
@@ -54,15 +57,15 @@ def run_engine(engine: EngineCore, prompts: list[list[int]], new_tokens: int) ->
     return produced / elapsed, engine
 
 
-def run_hf(prompts: list[list[int]], new_tokens: int) -> float:
+def run_hf(model_name: str, prompts: list[list[int]], new_tokens: int, device: str, dtype: torch.dtype) -> float:
     from transformers import AutoModelForCausalLM
 
-    source = resolve_model("smollm2-135m")
+    source = resolve_model(model_name)
     model = AutoModelForCausalLM.from_pretrained(str(source.path.parent), gguf_file=source.path.name,
-                                                 torch_dtype=torch.float32).eval()
+                                                 torch_dtype=dtype).to(device).eval()
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])  # left padding
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)  # left padding
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     model.generate(ids[:, -8:], attention_mask=mask[:, -8:], max_new_tokens=2, do_sample=False, pad_token_id=0)
     start = time.perf_counter()
     with torch.inference_mode():
@@ -73,14 +76,19 @@ def run_hf(prompts: list[list[int]], new_tokens: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--model", default="smollm2-135m", help="alias or GGUF path of SmolLM2-135M-Instruct")
+    parser.add_argument("--drafter", type=Path, help="drafter directory (default: the shipped one)")
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--skip-hf", action="store_true")
     args = parser.parse_args()
-    loaded = load_model("smollm2-135m", dtype=torch.float32, device="cpu", progress=False)
-    drafter = shipped_drafter("smollm2-135m")
-    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "threads": torch.get_num_threads(),
+    dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+    loaded = load_model(args.model, dtype=dtype, device=args.device, progress=False)
+    drafter = args.drafter or shipped_drafter("smollm2-135m")
+    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "device": args.device, "dtype": str(dtype),
+                               "threads": torch.get_num_threads(), "drafter": str(drafter),
                                "new_tokens": args.new_tokens, "rows": []}
     for batch in (int(b) for b in args.batches.split(",")):
         prompts = prompts_for(loaded.tokenizer, batch)
@@ -89,7 +97,7 @@ def main() -> None:
         if drafter is not None:
             variants["engine_dspark"] = SpeculativeConfig(drafter=str(drafter))
         for name, spec in variants.items():
-            config = EngineConfig(model="smollm2-135m", device="cpu", max_num_seqs=max(batch, 1),
+            config = EngineConfig(model=args.model, device=args.device, max_num_seqs=max(batch, 1),
                                   max_model_len=2048, speculative=spec)
             engine = EngineCore(config, parts=build_engine_parts(config, loaded=loaded))
             run_engine(engine, prompts[:1], 8)  # warm-up
@@ -99,7 +107,7 @@ def main() -> None:
                 row["dspark_mean_accept_len"] = (stats.spec_accepted_tokens_total + stats.spec_verify_steps_total) \
                     / max(stats.spec_verify_steps_total, 1)
         if not args.skip_hf:
-            row["transformers"] = run_hf(prompts, args.new_tokens)
+            row["transformers"] = run_hf(args.model, prompts, args.new_tokens, args.device, dtype)
             row["engine_vs_transformers"] = row["engine"] / row["transformers"]
         if "engine_dspark" in row:
             row["dspark_vs_engine"] = row["engine_dspark"] / row["engine"]
