@@ -54,6 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ignore-eos", action="store_true", help="random: send ignore_eos (server extension)"
     )
     parser.add_argument("--request-timeout", type=float, default=600.0)
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sent with every request (0: greedy); default: not sent, so each server samples its own way",
+    )
+    parser.add_argument("--label", default=None, help="name of the server under test, kept in the JSON")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         num_requests=num_requests,
         api_key=args.api_key,
         request_timeout_s=args.request_timeout,
+        temperature=args.temperature,
     )
     workload = make_workload(args.workload, workload_cfg, args.seed)
     print(
@@ -95,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     args.output_dir.mkdir(parents=True, exist_ok=True)
     stem = f"bench_{args.workload}"
     meta = {
+        "label": args.label or args.url,
         "url": args.url,
         "model": model,
         "workload": args.workload,

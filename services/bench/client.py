@@ -43,7 +43,9 @@ async def stream_chat(
     request: BenchRequest,
     headers: dict[str, str],
     timeout_s: float,
+    temperature: float | None = None,
 ) -> RequestResult:
+    """`temperature=None` leaves sampling to the server's default (which differs between servers)."""
     body: dict[str, Any] = {
         "model": model,
         "messages": request.messages,
@@ -52,6 +54,8 @@ async def stream_chat(
         "stream_options": {"include_usage": True},
         **request.extra_body,
     }
+    if temperature is not None:
+        body["temperature"] = temperature
     start = time.perf_counter()
     result = RequestResult(ok=False, start_s=start, end_s=start)
     last_content: float | None = None

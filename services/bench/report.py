@@ -110,6 +110,29 @@ def write_json(path: Path, meta: dict[str, Any], summaries: Sequence[LevelSummar
     )
 
 
+def read_json(path: Path) -> tuple[dict[str, Any], list[LevelSummary]]:
+    """The inverse of `write_json`: a run's meta and its per-level summaries."""
+    data = json.loads(path.read_text())
+
+    def dist(raw: dict[str, Any]) -> Distribution:
+        def value(key: str) -> float:  # write_json may have stored NaN as null
+            return math.nan if raw[key] is None else float(raw[key])
+
+        return Distribution(value("mean"), value("p50"), value("p90"), value("p95"), value("p99"), int(raw["count"]))
+
+    levels = [
+        LevelSummary(
+            **{
+                **level,
+                **{key: dist(level[key]) for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s")},
+                "errors": tuple(level["errors"]),
+            }
+        )
+        for level in data["levels"]
+    ]
+    return data["meta"], levels
+
+
 def write_plots(path: Path, title: str, summaries: Sequence[LevelSummary]) -> None:
     import matplotlib
 

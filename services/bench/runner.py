@@ -23,10 +23,13 @@ class RunConfig:
     num_requests: int | None = None  # per level
     api_key: str | None = None
     request_timeout_s: float = 600.0
+    temperature: float | None = None  # sent with every request; None: the server's default
 
     def __post_init__(self) -> None:
         if (self.duration_s is None) == (self.num_requests is None):
             raise ValueError("give exactly one of duration_s and num_requests")
+        if self.temperature is not None and self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not self.concurrency or min(self.concurrency) < 1:
             raise ValueError(f"concurrency levels must be >= 1, got {self.concurrency}")
 
@@ -83,7 +86,13 @@ async def run_level(
                     if not may_send():
                         return
                     result = await stream_chat(
-                        client, cfg.chat_url, cfg.model, request, cfg.headers, cfg.request_timeout_s
+                        client,
+                        cfg.chat_url,
+                        cfg.model,
+                        request,
+                        cfg.headers,
+                        cfg.request_timeout_s,
+                        temperature=cfg.temperature,
                     )
                     results.append(result)
                     if not result.ok:
