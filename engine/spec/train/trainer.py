@@ -45,7 +45,11 @@ log = logging.getLogger(__name__)
 
 STATE_FILE = "train_state.pt"
 LOG_FILE = "train_log.jsonl"
-CALIBRATION_STEPS = 6  # timed steps (after 2 untimed) before an auto-sized run fixes its length
+CALIBRATION_STEPS = 6  # timed steps (after 2 untimed) before an auto-sized run sets its length
+# An auto-sized run measures again over this many steps after the first sizing and resizes:
+# the first steps of a GPU run are slow (allocator growth, kernel autotuning), and sizing on
+# them alone planned a quarter of the steps that fitted.
+RESIZE_AFTER_STEPS = 100
 SAFETY = 0.95  # share of the remaining time an auto-sized run plans to use
 
 
@@ -213,9 +217,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(self.step, self.total_steps, cfg)
         with self._autocast():
-            teacher = run_teacher(
-                self.target, self.drafter.config.capture_layers, batch.tokens, batch.lengths
-            )
+            teacher = run_teacher(self.target, self.drafter.config.capture_layers, batch.tokens, batch.lengths)
             out = block_objective(
                 self.drafter,
                 self.lm_head,
@@ -253,6 +255,7 @@ class Trainer:
         window: list[dict[str, Any]] = []
         timer_start: float | None = None
         calibrated_at = self.step + 2 + CALIBRATION_STEPS
+        resize_at = -1  # an auto-sized run's step at which it measures again
         saved_at = -1
         self.work_dir.mkdir(parents=True, exist_ok=True)
         bar = tqdm(
@@ -274,20 +277,23 @@ class Trainer:
                     self._sync()
                     timer_start = time.monotonic()
                 window.append(self.train_step())
-                if self.total_steps == 0 and self.step == calibrated_at and timer_start is not None:
+                sizing = self.total_steps == 0 and self.step == calibrated_at
+                if (sizing or self.step == resize_at) and timer_start is not None:
                     self._sync()
-                    step_s = (time.monotonic() - timer_start) / CALIBRATION_STEPS
-                    fits = int(SAFETY * (deadline - time.monotonic()) / step_s) if deadline else 0
+                    now = time.monotonic()
+                    step_s = (now - timer_start) / (CALIBRATION_STEPS if sizing else self.step - calibrated_at)
+                    fits = int(SAFETY * (deadline - now) / step_s) if deadline else 0
                     self.total_steps = max(self.step + 1, min(cfg.max_auto_steps, self.step + fits))
+                    if sizing:  # measure again halfway, or after RESIZE_AFTER_STEPS
+                        resize_at = self.step + max(1, min(RESIZE_AFTER_STEPS, (self.total_steps - self.step) // 2))
+                        timer_start = now
                     bar.total = self.total_steps
                     log.info("%.3f s/step: training for %d steps", step_s, self.total_steps)
                 bar.update(1)
                 if self.step % cfg.log_every == 0 or self.step == self.total_steps:
                     last = self._log(window, log_file, time.monotonic() - start)
                     first_loss = last["loss"] if first_loss is None else first_loss
-                    bar.set_postfix(
-                        loss=f"{last['loss']:.3f}", acc0=f"{last['acc'][0]:.2f}", lr=f"{last['lr']:.1e}"
-                    )
+                    bar.set_postfix(loss=f"{last['loss']:.3f}", acc0=f"{last['acc'][0]:.2f}", lr=f"{last['lr']:.1e}")
                     window = []
                 if self.step % cfg.checkpoint_every == 0:
                     self.save_state()

@@ -8,6 +8,7 @@ import math
 import os
 import signal
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -34,9 +35,7 @@ def successor_data() -> tuple[torch.nn.Module, SequenceSet]:
         for _ in range(160)
     ]
     temps = [0.0 if i % 2 == 0 else 0.7 for i in range(160)]
-    answers = DenseGenerator(target, config, [EOS], CPU, max_rows=160).generate(
-        prompts, temps, list(range(160)), 40
-    )
+    answers = DenseGenerator(target, config, [EOS], CPU, max_rows=160).generate(prompts, temps, list(range(160)), 40)
     seqs = SequenceSet.from_lists(
         [p + a for p, a in zip(prompts, answers, strict=True)],
         [len(p) for p in prompts],
@@ -48,9 +47,7 @@ def successor_data() -> tuple[torch.nn.Module, SequenceSet]:
 
 def new_drafter(target: torch.nn.Module, seed: int = 0, **overrides: object) -> DSparkDrafter:
     torch.manual_seed(seed)
-    drafter = DSparkDrafter(
-        tiny_drafter_config(target.config, **{"gamma": 4, "markov_rank": 16, **overrides})
-    )
+    drafter = DSparkDrafter(tiny_drafter_config(target.config, **{"gamma": 4, "markov_rank": 16, **overrides}))
     drafter.bind_target(target.embed, target.compute_logits)
     return drafter
 
@@ -105,9 +102,7 @@ def test_sigterm_checkpoint_resumes_to_the_same_weights(successor_data, tmp_path
     def stop_once(drafter: DSparkDrafter, step: int) -> None:
         if step == 5 and not sent:
             sent.append(step)
-            os.kill(
-                os.getpid(), signal.SIGTERM
-            )  # the handler only sets a flag; the loop stops after this step
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler only sets a flag; the loop stops after this step
 
     interrupted = Trainer(
         new_drafter(target), target, train_set, config, tmp_path / "resumed", CPU, on_checkpoint=stop_once
@@ -118,9 +113,7 @@ def test_sigterm_checkpoint_resumes_to_the_same_weights(successor_data, tmp_path
     assert trainer.load_state() and trainer.step == 5
     report = trainer.run(progress=False)
     assert report.steps_done == 12 and report.stopped == "done"
-    for (name, a), (_, b) in zip(
-        straight.state_dict().items(), resumed_drafter.state_dict().items(), strict=True
-    ):
+    for (name, a), (_, b) in zip(straight.state_dict().items(), resumed_drafter.state_dict().items(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
 
 
@@ -136,6 +129,24 @@ def test_time_budget_sizes_the_run(successor_data, tmp_path) -> None:
     assert time.monotonic() - start < budget_s + 1.5
     with pytest.raises(ValueError, match="deadline"):
         Trainer(new_drafter(target), target, seqs, config, tmp_path / "x", CPU).run(progress=False)
+
+
+def test_time_budget_is_measured_again_after_slow_first_steps(successor_data, tmp_path) -> None:
+    """The first steps of a GPU run are slow; sizing on them alone would plan far too few."""
+    target, seqs = successor_data
+    config = TrainConfig(steps=0, batch_size=2, anchors_per_seq=2, warmup_steps=2, log_every=50)
+
+    class SlowStart(Trainer):
+        def train_step(self) -> dict[str, Any]:
+            time.sleep(0.1 if self.step < 8 else 0.0)
+            return super().train_step()
+
+    trainer = SlowStart(new_drafter(target), target, seqs.split(heldout=False), config, tmp_path, CPU)
+    start = time.monotonic()
+    report = trainer.run(deadline=start + 3.0, progress=False)
+    first_sizing = 8 + int(0.95 * (3.0 - 8 * 0.1) / 0.1)  # what the slow calibration steps alone plan
+    assert report.total_steps > 2 * first_sizing
+    assert time.monotonic() - start < 3.0 + 1.5
 
 
 def test_learning_rate_schedule() -> None:
