@@ -32,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -208,6 +209,84 @@ def wait_until_idle(threshold: float, max_wait_s: float) -> float:
     return load
 
 
+def cpu_ticks() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, user + system CPU clock ticks so far), from /proc."""
+    ticks = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid ... utime stime
+            ticks[int(stat.parent.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    return ticks
+
+
+def command_of(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return cmdline[:100] or f"[{Path(f'/proc/{pid}/comm').read_text().strip()}]"
+    return "?"
+
+
+def foreign_cpu(
+    before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]], commands: dict[int, str]
+) -> dict[str, Any]:
+    """CPU seconds that processes not started by this script used between two snapshots: what
+    else ran on the machine during a measurement."""
+    me = os.getpid()
+
+    def ours(pid: int) -> bool:
+        seen = set()
+        while pid > 1 and pid not in seen:
+            if pid == me:
+                return True
+            seen.add(pid)
+            pid = after.get(pid, (0, 0))[0]
+        return False
+
+    used = {pid: t - before.get(pid, (0, 0))[1] for pid, (_, t) in after.items() if not ours(pid)}
+    hz = os.sysconf("SC_CLK_TCK")
+    top = sorted((pid for pid in used if used[pid] >= hz), key=lambda pid: -used[pid])[:3]
+
+    return {
+        "cpu_s": round(sum(max(t, 0) for t in used.values()) / hz, 1),
+        "top": [{"cpu_s": round(used[pid] / hz, 1), "command": commands.get(pid) or command_of(pid)} for pid in top],
+    }
+
+
+class OtherProcesses:
+    """Samples /proc every `interval_s` while active, so that processes which end before the
+    measurement does are counted too; `report()` is `foreign_cpu` over the whole window."""
+
+    def __init__(self, interval_s: float = 2.0) -> None:
+        self.interval_s = interval_s
+        self.first: dict[int, tuple[int, int]] = {}
+        self.last: dict[int, tuple[int, int]] = {}
+        self.commands: dict[int, str] = {}  # named while alive: a process may end before the report
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> OtherProcesses:
+        self.first = cpu_ticks()
+        self.last = dict(self.first)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            now = cpu_ticks()
+            for pid, (_, ticks) in now.items():
+                if pid not in self.commands and ticks > self.first.get(pid, (0, 0))[1]:
+                    self.commands[pid] = command_of(pid)
+            self.last.update(now)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.last.update(cpu_ticks())
+
+    def report(self) -> dict[str, Any]:
+        return foreign_cpu(self.first, self.last, self.commands)
+
+
 def machine() -> dict[str, Any]:
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), [])
@@ -313,6 +392,10 @@ def main() -> None:
         help="also measure dspark-serve with one colocated worker on both cores (--torch-threads 2)",
     )
     args = parser.parse_args()
+    # Stop cleanly (servers and their Ray processes too) on SIGINT even when started in the
+    # background, where the shell ignores it, and on SIGTERM.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
     peer_dir = prepare_peer_model(args.peer_model_dir.resolve())
     idle_load = wait_until_idle(args.wait_idle, args.wait_idle_max) if args.wait_idle is not None else None
@@ -327,10 +410,15 @@ def main() -> None:
             server.record["load_before"] = [round(x, 2) for x in os.getloadavg()]
             log(f"{server.label}: bench (load average {server.record['load_before']})")
             bench_start = time.monotonic()
-            server.record["bench_argv"] = bench(server, work / server.label, args, warmup=False)
+            with OtherProcesses() as others:
+                server.record["bench_argv"] = bench(server, work / server.label, args, warmup=False)
             server.record["bench_s"] = round(time.monotonic() - bench_start, 1)
+            server.record["other_processes"] = others.report()
             server.record["load_after"] = [round(x, 2) for x in os.getloadavg()]
-            log(f"{server.label}: bench done in {server.record['bench_s']} s (load {server.record['load_after']})")
+            log(
+                f"{server.label}: bench done in {server.record['bench_s']} s (load {server.record['load_after']}; "
+                f"other processes used {server.record['other_processes']['cpu_s']} CPU s)"
+            )
         results.append(work / server.label / "bench_agentic.json")
 
     runs = [BenchRun.load(path) for path in results]
