@@ -1,0 +1,21 @@
+"""Which path an elementwise op takes: its fused Triton kernel or its torch reference."""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+except ImportError:  # CPU installs without the `gpu` extra run the torch path only
+    triton = None
+
+
+def use_triton(x: torch.Tensor, *params: torch.Tensor) -> bool:
+    """True on a CUDA/ROCm tensor with triton installed, unless autograd has to record the op:
+    the kernels have no backward, and drafter training differentiates through these layers
+    (the target's weights are frozen, and serving runs under inference_mode).
+
+    CPU tensors always take the torch path, so CPU results stay those of the reference."""
+    if not x.is_cuda or triton is None:
+        return False
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, *params)))
