@@ -1,14 +1,15 @@
-"""Building blocks shared by the decoder families: RMSNorm, rotary embedding, SwiGLU."""
+"""Building blocks shared by the decoder families: RMSNorm and rotary embedding (their
+arithmetic, torch and fused Triton, lives in engine.kernels; SwiGLU's silu_and_mul too)."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.config import RopeScaling
+from engine.kernels import add_rms_norm, rms_norm, rotary_embedding
 
 
 class RMSNorm(nn.Module):
@@ -21,15 +22,13 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        """[..., dim] -> [..., dim]."""
+        return rms_norm(x, self.weight, self.eps)
 
-
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """SwiGLU: [..., 2I] laid [gate | up] -> silu(gate) * up, [..., I]."""
-    gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, residual [T, dim] -> (norm(x + residual), x + residual): the residual add that
+        precedes the norm in a decoder layer, fused with it on GPU."""
+        return add_rms_norm(x, residual, self.weight, self.eps)
 
 
 def rope_inv_freq(
@@ -64,9 +63,7 @@ def rope_inv_freq(
         high_freq_wavelen = original / scaling.high_freq_factor
         wavelen = 2 * math.pi / inv_freq
         scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-        smooth = (original / wavelen - scaling.low_freq_factor) / (
-            scaling.high_freq_factor - scaling.low_freq_factor
-        )
+        smooth = (original / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
         return torch.where(is_medium, smoothed, scaled), 1.0
@@ -75,9 +72,7 @@ def rope_inv_freq(
     raise ValueError(f"unsupported rope scaling kind {kind!r}")
 
 
-def _yarn_inv_freq(
-    rope_dim: int, theta: float, scaling: RopeScaling, original: int
-) -> tuple[torch.Tensor, float]:
+def _yarn_inv_freq(rope_dim: int, theta: float, scaling: RopeScaling, original: int) -> tuple[torch.Tensor, float]:
     """YaRN (Peng et al. 2023, arXiv:2309.00071): interpolate low frequencies, extrapolate high
     ones with a linear ramp between, and scale attention by `mscale` (folded into cos/sin)."""
     factor = scaling.factor
@@ -138,19 +133,10 @@ class RotaryEmbedding(nn.Module):
         self.cos_sin_cache: torch.Tensor
         self.register_buffer("cos_sin_cache", cos_sin, persistent=False)  # [max_position, rope_dim] fp32
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T] int64, q [T, Hq, D], k [T, Hkv, D] -> rotated (q, k), same dtypes."""
-        cos, sin = self.cos_sin_cache.index_select(0, positions).unsqueeze(1).chunk(2, dim=-1)
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # [T, 1, rope_dim / 2]
-        rot, rest = x[..., : self.rope_dim], x[..., self.rope_dim :]
-        x1, x2 = rot.chunk(2, dim=-1)
-        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-        return out if self.rope_dim == self.head_dim else torch.cat([out, rest], dim=-1)
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [T] int64, q [T, Hq, D], k [T, Hkv, D] (strided views are fine) -> new
+        rotated (q, k), same dtypes; the inputs are left as they were."""
+        return rotary_embedding(positions, q, k, self.cos_sin_cache)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, rope_dim={self.rope_dim}, max_position={self.max_position}"

@@ -23,8 +23,9 @@ from engine.distributed.layers import (
     VocabParallelEmbedding,
     default_weight_loader,
 )
+from engine.kernels import silu_and_mul
 from engine.models.context import ForwardContext
-from engine.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul
+from engine.models.layers import RMSNorm, RotaryEmbedding
 from engine.models.registry import register_model
 
 
@@ -52,9 +53,10 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(hidden)  # [T, (Hq + 2 Hkv) * D] (this rank's heads)
         q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        # Strided views of qkv (row stride (Hq + 2 Hkv) * D): RoPE and the KV stores read them as is.
         q = q.unflatten(-1, (self.num_heads, self.head_dim))  # [T, Hq, D]
         k = k.unflatten(-1, (self.num_kv_heads, self.head_dim))  # [T, Hkv, D]
-        v = v.unflatten(-1, (self.num_kv_heads, self.head_dim)).contiguous()
+        v = v.unflatten(-1, (self.num_kv_heads, self.head_dim))  # [T, Hkv, D]
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
@@ -75,6 +77,11 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block, with the residual stream carried beside the branch output (vLLM's
+    layout) so that each residual add fuses into the norm after it: the layer takes the
+    previous layer's MLP output `hidden` and the stream `residual` before it was added, and
+    returns the same pair. The stream after the layer is `hidden + residual`."""
+
     def __init__(self, config: ModelConfig, layer_id: int, rotary_emb: RotaryEmbedding):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -82,9 +89,20 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), ctx)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,  # [T, H]: the previous layer's MLP output, or the embeddings
+        residual: torch.Tensor | None,  # [T, H]: the stream before `hidden` joins it; None at layer 0
+        ctx: ForwardContext,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (this layer's MLP output, the stream before it)
+        if residual is None:
+            hidden, residual = self.input_layernorm(hidden), hidden
+        else:
+            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, ctx)
+        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class LlamaModel(nn.Module):
@@ -106,12 +124,16 @@ class LlamaModel(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         captured: dict[int, torch.Tensor] = {}
+        residual: torch.Tensor | None = None
         for layer_id, layer in enumerate(self.layers):
-            hidden = layer(positions, hidden, ctx)
+            hidden, residual = layer(positions, hidden, residual, ctx)
             if layer_id in ctx.capture_layers:
-                captured[layer_id] = hidden  # the residual stream after this layer, [T, H]
+                # The residual stream after this layer, [T, H]: materialised only here (one add
+                # per captured layer); the next norm adds the same two tensors again, fused.
+                captured[layer_id] = hidden + residual
         ctx.captured.extend(captured[layer_id] for layer_id in ctx.capture_layers)
-        return self.norm(hidden)
+        assert residual is not None  # ModelConfig has num_layers > 0
+        return self.norm.add_and_norm(hidden, residual)[0]
 
 
 # checkpoint projection name -> (our fused projection, shard id)

@@ -27,8 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.kernels import silu_and_mul
 from engine.models.context import ForwardContext, KVCaches
-from engine.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul
+from engine.models.layers import RMSNorm, RotaryEmbedding
 from engine.sampling.rng import Stream, uniform
 from engine.spec.drafter_config import DrafterConfig
 from engine.spec.kv_inject import inject_layer_kv
@@ -105,13 +106,21 @@ class DrafterLayer(nn.Module):
     def forward(
         self,
         positions: torch.Tensor,
-        x: torch.Tensor,
+        hidden: torch.Tensor,  # [T, H]: the previous layer's MLP output, or the embeddings
+        residual: torch.Tensor | None,  # [T, H]: the stream before `hidden` joins it; None at layer 0
         kv_weight: torch.Tensor,
         rotary: RotaryEmbedding,
         ctx: ForwardContext,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(positions, self.input_layernorm(x), kv_weight, rotary, ctx)
-        return x + self.down_proj(silu_and_mul(self.gate_up_proj(self.post_attention_layernorm(x))))
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (this layer's MLP output, the stream before it)
+        """Pre-norm block with the residual carried beside the branch output, so each residual
+        add fuses into the norm after it (as engine.models.llama.LlamaDecoderLayer)."""
+        if residual is None:
+            hidden, residual = self.input_layernorm(hidden), hidden
+        else:
+            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, kv_weight, rotary, ctx)
+        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
+        return self.down_proj(silu_and_mul(self.gate_up_proj(hidden))), residual
 
 
 class DSparkDrafter(nn.Module):
@@ -157,9 +166,7 @@ class DSparkDrafter(nn.Module):
         """[N, K*H] captured target residual streams -> [N, H] context vectors."""
         return self.hidden_norm(self.fc(aux_hidden.to(self.fc.weight.dtype)))
 
-    def context_kv(
-        self, aux_hidden: torch.Tensor, positions: torch.Tensor
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def context_kv(self, aux_hidden: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every layer's (k, v) [N, Hkv, D] for context tokens, with the block path's own
         modules (differentiable; training and the dense reference). inject_kv stores the same."""
         context = self.context(aux_hidden)
@@ -204,10 +211,12 @@ class DSparkDrafter(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """input_ids, positions [T] -> [T, H] final-normed hidden (attention through ctx)."""
         embed, _ = self._target_modules()
-        x = embed(input_ids).to(self.fc.weight.dtype)
+        hidden = embed(input_ids).to(self.fc.weight.dtype)
+        residual: torch.Tensor | None = None
         for i, layer in enumerate(self._layer_list):
-            x = layer(positions, x, self.kv_proj[i], self.rotary_emb, ctx)
-        return self.norm(x)
+            hidden, residual = layer(positions, hidden, residual, self.kv_proj[i], self.rotary_emb, ctx)
+        assert residual is not None  # DrafterConfig has num_layers > 0
+        return self.norm.add_and_norm(hidden, residual)[0]
 
     def block_input_ids(self, anchor: torch.Tensor) -> torch.Tensor:
         """[B] -> [B, gamma]: the anchor, then the mask token."""

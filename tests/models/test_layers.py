@@ -15,8 +15,9 @@ from engine.distributed.layers import (
     RowParallelLinear,
     VocabParallelEmbedding,
 )
+from engine.kernels import silu_and_mul
 from engine.loader.hf import config_from_hf_dict
-from engine.models.layers import RMSNorm, RotaryEmbedding, rope_inv_freq, silu_and_mul
+from engine.models.layers import RMSNorm, RotaryEmbedding, rope_inv_freq
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -9,7 +9,7 @@ import pytest
 import torch
 from spec_helpers import FakeTarget, make_drafter, make_scenario, sync_guard, tiny_config
 
-from engine.models.layers import silu_and_mul
+from engine.kernels import silu_and_mul
 from engine.spec.drafter import DrafterLayer, DSparkDrafter
 from engine.spec.drafter_config import DrafterConfig
 
@@ -41,11 +41,7 @@ def dense_block(
         probs = torch.softmax(torch.einsum("qhd,khd->hqk", q, keys) * d**-0.5, dim=-1)  # no mask
         out = torch.einsum("hqk,khd->qhd", probs, values).reshape(g, hq * d)
         x = x + out @ attn.o_proj.weight.T
-        x = (
-            x
-            + silu_and_mul(layer.post_attention_layernorm(x) @ layer.gate_up_proj.weight.T)
-            @ layer.down_proj.weight.T
-        )
+        x = x + silu_and_mul(layer.post_attention_layernorm(x) @ layer.gate_up_proj.weight.T) @ layer.down_proj.weight.T
     hidden = drafter.norm(x)
     base = target.compute_logits(hidden)
     tokens, steps, prev_embeds = [], [], []
@@ -59,9 +55,7 @@ def dense_block(
         prev_embeds.append(e)
     assert drafter.confidence is not None
     head = drafter.confidence.proj
-    conf = torch.sigmoid(
-        torch.cat([hidden, torch.stack(prev_embeds)], -1) @ head.weight.T + head.bias
-    ).squeeze(-1)
+    conf = torch.sigmoid(torch.cat([hidden, torch.stack(prev_embeds)], -1) @ head.weight.T + head.bias).squeeze(-1)
     return hidden, torch.tensor(tokens), torch.stack(steps), conf
 
 
