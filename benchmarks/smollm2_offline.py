@@ -5,9 +5,10 @@
 - Hugging Face transformers `generate` on the same prompts and weights (the peer).
 
     python benchmarks/smollm2_offline.py [--device cpu|cuda] [--model smollm2-135m|PATH.gguf]
-        [--drafter DIR] [--batches 1,16] [--new-tokens 64] [--out results.json]
+        [--dtype float32|bfloat16] [--drafter DIR] [--batches 1,16] [--new-tokens 64] [--out results.json]
 
-CPU runs in float32, a GPU in bfloat16 with CUDA graphs (the engine's defaults).
+--dtype defaults to float32 on CPU and bfloat16 on a GPU (with CUDA graphs), the engine's
+defaults; every system runs in the same dtype.
 
 Every system gets the same held-out chat prompts (conversations the shipped drafter never
 trained on) and greedy decoding up to --new-tokens tokens, stopping at EOS; tokens/s counts
@@ -90,13 +91,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", default="smollm2-135m", help="alias or GGUF path of SmolLM2-135M-Instruct")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: float32 on CPU, else bfloat16")
     parser.add_argument("--drafter", type=Path, help="drafter directory (default: the shipped one)")
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--skip-hf", action="store_true")
     args = parser.parse_args()
-    dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+    dtype = getattr(torch, args.dtype or ("float32" if args.device == "cpu" else "bfloat16"))
     loaded = load_model(args.model, dtype=dtype, device=args.device, progress=False)
     drafter = args.drafter or shipped_drafter("smollm2-135m")
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "device": args.device, "dtype": str(dtype),
@@ -109,7 +111,8 @@ def main() -> None:
         if drafter is not None:
             variants["engine_dspark"] = SpeculativeConfig(drafter=str(drafter))
         for name, spec in variants.items():
-            config = EngineConfig(model=args.model, device=args.device, max_num_seqs=max(batch, 1),
+            config = EngineConfig(model=args.model, device=args.device, dtype=str(dtype).removeprefix("torch."),
+                                  max_num_seqs=max(batch, 1),
                                   max_model_len=2048, enable_prefix_cache=False, speculative=spec)
             engine = EngineCore(config, parts=build_engine_parts(config, loaded=loaded))
             run_engine(engine, prompts, args.new_tokens)  # warm-up pass
