@@ -16,12 +16,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from services.bench.report import Distribution, LevelSummary, read_json
 
 LATENCIES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"))
 STATS = ("mean", "p50", "p90", "p99")
+LineStyle = Literal["-", "--", ":"]
 
 
 @dataclass(frozen=True)
@@ -151,46 +152,58 @@ def write_comparison_json(path: Path, meta: dict[str, Any], runs: Sequence[Bench
 
 
 def write_comparison_plot(path: Path, title: str, runs: Sequence[BenchRun], reference: BenchRun) -> None:
+    """Colour = server. Top: latency percentiles (line style = statistic). Bottom: output tokens/s,
+    requests/s, and the ratios to the reference."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     levels = common_levels(runs)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = dict(zip((r.label for r in runs), plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+    servers = [Line2D([], [], color=colors[r.label], marker="o", label=r.label) for r in runs]
+
+    def style_legend(ax: Any, styles: Sequence[tuple[str, LineStyle]]) -> None:
+        handles = [Line2D([], [], color="black", linestyle=style, label=name) for name, style in styles]
+        ax.legend(handles=servers + handles, fontsize=7)
+
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
-    panels = [(axes[0][i], metric, f"{name} (ms)") for i, (metric, name) in enumerate(LATENCIES)]
-    for ax, metric, ylabel in panels:
-        for run, color in zip(runs, colors, strict=False):
-            for stat, style in (("p50", "-"), ("p90", "--"), ("p99", ":")):
+    percentile_styles: tuple[tuple[str, LineStyle], ...] = (("p50", "-"), ("p90", "--"), ("p99", ":"))
+    for ax, (metric, name) in zip(axes[0], LATENCIES, strict=True):
+        for run in runs:
+            for stat, style in percentile_styles:
                 values = [getattr(getattr(run.level(c), metric), stat) * 1000 for c in levels]
-                ax.plot(levels, values, style, color=color, marker="o", label=f"{run.label} {stat}")
-        ax.set_ylabel(ylabel)
+                ax.plot(levels, values, style, color=colors[run.label], marker="o", markersize=3)
+        ax.set_title(name)
+        ax.set_ylabel(f"{name} (ms)")
         ax.set_yscale("log")
-        ax.legend(fontsize=7)
+        style_legend(ax, percentile_styles)
     for ax, attr, ylabel in ((axes[1][0], "output_tokens_per_s", "output tokens/s"), (axes[1][1], "qps", "requests/s")):
-        for run, color in zip(runs, colors, strict=False):
-            ax.plot(levels, [getattr(run.level(c), attr) for c in levels], color=color, marker="o", label=run.label)
+        for run in runs:
+            ax.plot(levels, [getattr(run.level(c), attr) for c in levels], color=colors[run.label], marker="o")
+        ax.set_title(ylabel)
         ax.set_ylabel(ylabel)
-        ax.legend(fontsize=8)
+        ax.legend(handles=servers, fontsize=7)
     ratio_ax = axes[1][2]
-    for run, color in zip(runs, colors, strict=False):
+    ratio_styles: tuple[tuple[str, LineStyle], ...] = (("TTFT p50", "-"), ("TPOT p50", "--"), ("output tok/s", ":"))
+    for run in runs:
         if run is reference:
             continue
         level_ratios = [level_ratio(run, reference, c) for c in levels]
         series = (
-            ("TTFT p50", "-", [r.latencies["ttft_s"]["p50"] for r in level_ratios]),
-            ("TPOT p50", "--", [r.latencies["tpot_s"]["p50"] for r in level_ratios]),
-            ("output tok/s", ":", [r.output_tokens_per_s for r in level_ratios]),
+            [r.latencies["ttft_s"]["p50"] for r in level_ratios],
+            [r.latencies["tpot_s"]["p50"] for r in level_ratios],
+            [r.output_tokens_per_s for r in level_ratios],
         )
-        for name, style, values in series:
-            ratio_ax.plot(
-                levels, values, style, color=color, marker="o", label=f"{name}: {run.label} / {reference.label}"
-            )
+        for (_, style), values in zip(ratio_styles, series, strict=True):
+            ratio_ax.plot(levels, values, style, color=colors[run.label], marker="o", markersize=3)
     ratio_ax.axhline(1.0, color="grey", linewidth=1)
     ratio_ax.set_yscale("log")
-    ratio_ax.set_ylabel(f"ratio to {reference.label} (latency < 1, tok/s > 1: better)")
-    ratio_ax.legend(fontsize=7)
+    ratio_ax.set_title(f"ratio to {reference.label}")
+    ratio_ax.set_ylabel("latency: < 1 is faster; tok/s: > 1 is more")
+    servers = [h for h in servers if h.get_label() != reference.label]
+    style_legend(ratio_ax, ratio_styles)
     for row in axes:
         for ax in row:
             ax.set_xlabel("concurrency")
