@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -12,6 +13,8 @@ from engine.config import EngineConfig, ModelConfig
 from engine.kv.manager import KVManager
 from engine.kv.pool import KVPool
 from engine.loader.load import LoadedModel, load_model
+from engine.loader.tokenizer import Tokenizer
+from engine.models.context import CausalLM
 from engine.runner.model_runner import ModelRunner
 from engine.scheduler import Scheduler
 from engine.spec.setup import SpecSetup, build_spec
@@ -23,7 +26,7 @@ _CPU_KV_CAP_BYTES = 2 << 30
 class EngineParts:
     model_name: str
     model_config: ModelConfig
-    tokenizer: object
+    tokenizer: Tokenizer
     max_model_len: int
     device: torch.device
     dtype: torch.dtype
@@ -72,10 +75,11 @@ def build_engine_parts(config: EngineConfig, loaded: LoadedModel | None = None) 
         loaded = load_model(config.model, dtype=dtype, device=device, tokenizer=config.tokenizer,
                             tensor_parallel_size=config.tensor_parallel_size)
     mc = loaded.config
+    target = cast(CausalLM, loaded.model)  # every registered family has the CausalLM shape
     # Under tensor parallelism each rank caches its own share of the KV heads.
     local_kv_heads = loaded.model.model.layers[0].self_attn.num_kv_heads  # type: ignore[union-attr,index]
     max_model_len = min(config.max_model_len or mc.max_position, mc.max_position)
-    spec = (build_spec(config.speculative, loaded.name, loaded.model, mc, device, dtype)
+    spec = (build_spec(config.speculative, loaded.name, target, mc, device, dtype)
             if config.speculative else None)
     step_width = spec.window if spec else 1
     page_size = config.page_size or (1 if device.type == "cpu" else 16)
@@ -96,7 +100,7 @@ def build_engine_parts(config: EngineConfig, loaded: LoadedModel | None = None) 
                           max_num_batched_tokens=config.max_num_batched_tokens,
                           chunked_prefill=config.chunked_prefill, max_model_len=max_model_len,
                           step_width=step_width)
-    runner = ModelRunner(loaded.model, num_layers=mc.num_layers, num_kv_heads=local_kv_heads,
+    runner = ModelRunner(target, num_layers=mc.num_layers, num_kv_heads=local_kv_heads,
                          head_dim=mc.head_dim, vocab_size=mc.vocab_size, num_slots=num_slots,
                          max_rows=config.max_num_seqs, dtype=dtype, device=device,
                          attention_backend=config.attention_backend, req_to_token=kv.table.device_table,

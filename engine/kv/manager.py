@@ -104,7 +104,8 @@ class KVManager:
         owned = max(owned, req.num_cached)
         if owned < req.num_allocated:
             self.allocator.free(slots[owned:])
-        self.prefix_cache.unlock(req.prefix_node)
+        if req.prefix_node is not None:
+            self.prefix_cache.unlock(req.prefix_node)
         self.table.free_row(req.row)
         req.row = -1
         req.prefix_node = None

@@ -50,3 +50,18 @@ class ForwardContext:
         if not self.capture_layers:
             return None
         return torch.cat(self.captured, dim=-1)
+
+
+class CausalLM(Protocol):
+    """What the runners and the drafter need of a target model (every registered family,
+    e.g. engine.models.llama.LlamaForCausalLM, has this shape)."""
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """input_ids [T], positions [T] -> final hidden states [T, H] (after the last norm)."""
+        ...
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
+        ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [R, H] -> [R, V]
+        ...

@@ -14,7 +14,7 @@ import torch
 
 from engine.attention import select_backend
 from engine.kv.pool import KVPool
-from engine.models.context import ForwardContext
+from engine.models.context import CausalLM, ForwardContext
 from engine.request import Request
 from engine.runner.batch_inputs import expand_extend, uniform_window
 from engine.runner.cuda_graphs import GraphedStep
@@ -28,7 +28,7 @@ from engine.spec.stats import SpecCounters
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, *, num_layers: int, num_kv_heads: int, head_dim: int,
+    def __init__(self, model: CausalLM, *, num_layers: int, num_kv_heads: int, head_dim: int,
                  vocab_size: int, num_slots: int, max_rows: int, dtype: torch.dtype,
                  device: torch.device, attention_backend: str, req_to_token: torch.Tensor,
                  req_to_token_host: np.ndarray, spec: SpecSetup | None = None) -> None:

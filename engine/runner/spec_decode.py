@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from engine.kv.pool import KVPool
-from engine.models.context import AttentionBackend, ForwardContext
+from engine.models.context import AttentionBackend, CausalLM, ForwardContext
 from engine.request import Request
 from engine.runner.batch_inputs import uniform_window
 from engine.runner.row_sampling import RowSampling
@@ -27,7 +27,7 @@ _SIMULATE_STREAM = 0x5D_AC_03
 
 
 class SpecDecoder:
-    def __init__(self, spec: SpecSetup, model: torch.nn.Module, target_pool: KVPool, draft_pool: KVPool,
+    def __init__(self, spec: SpecSetup, model: CausalLM, target_pool: KVPool, draft_pool: KVPool,
                  backend: AttentionBackend, sampling: RowSampling) -> None:
         self.spec = spec
         self.model = model
@@ -87,7 +87,9 @@ class SpecDecoder:
         # 4. Commit: anchor + accepted drafts get draft KV; the bonus is the next anchor.
         window_slots = verify.meta.out_slots.view(batch, width)
         commit = acc.commit_slots(window_slots, accept_len)
-        self.spec.drafter.inject_kv(ctx.aux_hidden(), verify.positions, commit.reshape(-1), self.draft_pool)
+        aux = ctx.aux_hidden()
+        assert aux is not None  # the verify context captures the drafter's layers
+        self.spec.drafter.inject_kv(aux, verify.positions, commit.reshape(-1), self.draft_pool)
         new_len = acc.finalize(accept_len, seq_lens)
         bonus = out_tokens.gather(1, (accept_len.long() - 1)[:, None]).squeeze(1)
         last_token[rows_d] = bonus

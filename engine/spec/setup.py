@@ -11,6 +11,7 @@ import torch
 
 from engine.config import SpeculativeConfig
 from engine.kv.pool import KVPool
+from engine.models.context import CausalLM
 from engine.spec.checkpoint import load_drafter
 from engine.spec.drafter import DSparkDrafter
 from engine.spec.drafter_config import DrafterConfig
@@ -50,7 +51,7 @@ def shipped_drafter(model_name: str) -> Path | None:
     return path if (path / "drafter.json").is_file() else None
 
 
-def build_spec(spec: SpeculativeConfig, model_name: str, target: torch.nn.Module, target_config: object,
+def build_spec(spec: SpeculativeConfig, model_name: str, target: CausalLM, target_config: object,
                device: torch.device, dtype: torch.dtype) -> SpecSetup:
     directory = Path(spec.drafter) if spec.drafter else shipped_drafter(model_name)
     if directory is None:
@@ -60,5 +61,5 @@ def build_spec(spec: SpeculativeConfig, model_name: str, target: torch.nn.Module
     if spec.gamma is not None and spec.gamma != config.gamma:
         config = dataclasses.replace(config, gamma=spec.gamma)
         drafter.config = config
-    drafter.bind_target(target.embed, target.compute_logits)  # type: ignore[attr-defined]
+    drafter.bind_target(target.embed, target.compute_logits)
     return SpecSetup(drafter=drafter, config=config, simulate_accept_len=spec.simulate_accept_len)
