@@ -100,9 +100,11 @@ def completion_logprobs(
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
-class ChatFormatter:
-    object_full = "chat.completion"
-    object_chunk = "chat.completion.chunk"
+class _Formatter:
+    """The response envelope both endpoints share: id, object, created, model, choices, usage."""
+
+    object_full: str
+    object_chunk: str
 
     def __init__(
         self, response_id: str, model: str, token_text: TokenText, *, logprobs: bool, include_usage: bool
@@ -114,18 +116,32 @@ class ChatFormatter:
         self.logprobs = logprobs
         self.include_usage = include_usage
 
-    def _chunk(self, choices: list[dict[str, Any]], usage: Usage | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {
+    def _envelope(self, object_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
             "id": self.id,
-            "object": self.object_chunk,
+            "object": object_name,
             "created": self.created,
             "model": self.model,
             "system_fingerprint": None,
             "choices": choices,
         }
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: Usage | None = None) -> dict[str, Any]:
+        body = self._envelope(self.object_chunk, choices)
         if self.include_usage:
             body["usage"] = usage.body() if usage else None
         return body
+
+    def _full(self, choices: list[dict[str, Any]], usage: Usage) -> dict[str, Any]:
+        return {**self._envelope(self.object_full, choices), "usage": usage.body()}
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        return self._chunk([], usage)
+
+
+class ChatFormatter(_Formatter):
+    object_full = "chat.completion"
+    object_chunk = "chat.completion.chunk"
 
     def opening_chunk(self, index: int) -> dict[str, Any]:
         return self._chunk(
@@ -159,9 +175,6 @@ class ChatFormatter:
             ]
         )
 
-    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
-        return self._chunk([], usage)
-
     def full(self, states: list[ChoiceState], usage: Usage) -> dict[str, Any]:
         choices = []
         for index, state in enumerate(states):
@@ -173,19 +186,11 @@ class ChatFormatter:
                     "finish_reason": openai_finish_reason(state.finish_reason),
                 }
             )
-        return {
-            "id": self.id,
-            "object": self.object_full,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": None,
-            "choices": choices,
-            "usage": usage.body(),
-        }
+        return self._full(choices, usage)
 
 
-class CompletionFormatter:
-    object_name = "text_completion"
+class CompletionFormatter(_Formatter):
+    object_full = object_chunk = "text_completion"
 
     def __init__(
         self,
@@ -198,28 +203,10 @@ class CompletionFormatter:
         echo_texts: list[str] | None,
         n: int,
     ) -> None:
-        self.id = response_id
-        self.model = model
-        self.created = int(time.time())
-        self.token_text = token_text
-        self.logprobs = logprobs
-        self.include_usage = include_usage
+        super().__init__(response_id, model, token_text, logprobs=logprobs, include_usage=include_usage)
         self.echo_texts = echo_texts
         self.n = n
         self._offsets: dict[int, int] = {}
-
-    def _chunk(self, choices: list[dict[str, Any]], usage: Usage | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "id": self.id,
-            "object": self.object_name,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": None,
-            "choices": choices,
-        }
-        if self.include_usage:
-            body["usage"] = usage.body() if usage else None
-        return body
 
     def opening_chunk(self, index: int) -> dict[str, Any] | None:
         if self.echo_texts is None:
@@ -248,9 +235,6 @@ class CompletionFormatter:
             ]
         )
 
-    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
-        return self._chunk([], usage)
-
     def full(self, states: list[ChoiceState], usage: Usage) -> dict[str, Any]:
         choices = []
         for index, state in enumerate(states):
@@ -265,12 +249,4 @@ class CompletionFormatter:
                     "finish_reason": openai_finish_reason(state.finish_reason),
                 }
             )
-        return {
-            "id": self.id,
-            "object": self.object_name,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": None,
-            "choices": choices,
-            "usage": usage.body(),
-        }
+        return self._full(choices, usage)
