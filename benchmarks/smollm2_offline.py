@@ -1,21 +1,27 @@
 """Offline generation speed with the embedded SmolLM2, side by side in one run:
 
 - our engine, plain greedy decoding, at batch 1 and 16;
-- our engine with DSpark (the shipped drafter, or --drafter) at the same batches;
+- our engine with DSpark (the shipped drafter, or --drafter) at the same batches, once per
+  block size in --gammas (default: the drafter's own; a shorter block verifies fewer tokens);
 - Hugging Face transformers `generate` on the same prompts and weights (the peer).
 
     python benchmarks/smollm2_offline.py [--device cpu|cuda] [--model smollm2-135m|PATH.gguf]
-        [--dtype float32|bfloat16] [--drafter DIR] [--batches 1,16] [--new-tokens 64] [--out results.json]
+        [--dtype float32|bfloat16] [--drafter DIR] [--gammas 7,4] [--batches 1,16] [--new-tokens 64]
+        [--min-prompts 8] [--out results.json]
 
 --dtype defaults to float32 on CPU and bfloat16 on a GPU (with CUDA graphs), the engine's
 defaults; every system runs in the same dtype.
 
 Every system gets the same held-out chat prompts (conversations the shipped drafter never
-trained on) and greedy decoding up to --new-tokens tokens, stopping at EOS; tokens/s counts
-the tokens generated up to EOS over the wall time of the whole generate call (prefill
-included). Each system runs the workload once untimed (kernel compilation, CUDA graphs,
-allocator) and then timed; the engine's prefix cache is off, so the timed pass prefills again.
-Greedy DSpark commits exactly the plain engine's tokens. Ratios are printed last.
+trained on), in the same waves of `batch` prompts (at least --min-prompts prompts per batch
+size, so batch 1 averages over several conversations), and greedy decoding up to
+--new-tokens tokens, stopping at EOS; tokens/s counts the tokens generated up to EOS over the
+wall time of the generate calls (prefill included). Each system runs one wave untimed first
+(kernel compilation, CUDA graphs, allocator); the engine's prefix cache is off, so the timed
+waves prefill again.
+Greedy DSpark commits the plain engine's tokens (token for token in float32, which the
+lossless tests check; in bf16 a verify row may round differently from a decode row, so the
+token counts are recorded too). Ratios are printed last.
 """
 
 from __future__ import annotations
@@ -46,6 +52,10 @@ def prompts_for(tokenizer: Any, n: int) -> list[list[int]]:
             for c in spec_prompt_conversations(n)]
 
 
+def waves_of(prompts: list[list[int]], batch: int) -> list[list[list[int]]]:
+    return [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
+
+
 def run_engine(engine: EngineCore, prompts: list[list[int]], new_tokens: int) -> tuple[int, float]:
     """(tokens generated, seconds) for the whole batch."""
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0)
@@ -68,23 +78,25 @@ def generated_until_eos(rows: torch.Tensor, eos: set[int]) -> int:
     return total
 
 
-def run_hf(model_name: str, prompts: list[list[int]], new_tokens: int, device: str, dtype: torch.dtype,
-           eos: set[int]) -> float:
+def load_hf(model_name: str, device: str, dtype: torch.dtype) -> Any:
     from transformers import AutoModelForCausalLM
 
     source = resolve_model(model_name)
-    model = AutoModelForCausalLM.from_pretrained(str(source.path.parent), gguf_file=source.path.name,
-                                                 torch_dtype=dtype).to(device).eval()
+    return AutoModelForCausalLM.from_pretrained(str(source.path.parent), gguf_file=source.path.name,
+                                                torch_dtype=dtype).to(device).eval()
+
+
+def run_hf(model: Any, prompts: list[list[int]], new_tokens: int, device: str, eos: set[int]) -> tuple[int, float]:
+    """(tokens generated up to EOS, seconds) for one left-padded `generate` call."""
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)  # left padding
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     with torch.inference_mode():
-        for _ in range(2):  # the first pass warms up; the second is timed
-            start = time.perf_counter()
-            out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
-                                 eos_token_id=sorted(eos), pad_token_id=0)
-            elapsed = time.perf_counter() - start
-    return generated_until_eos(out[:, width:], eos) / elapsed
+        start = time.perf_counter()
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                             eos_token_id=sorted(eos), pad_token_id=0)
+        elapsed = time.perf_counter() - start
+    return generated_until_eos(out[:, width:], eos), elapsed
 
 
 def main() -> None:
@@ -93,53 +105,65 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m", help="alias or GGUF path of SmolLM2-135M-Instruct")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: float32 on CPU, else bfloat16")
     parser.add_argument("--drafter", type=Path, help="drafter directory (default: the shipped one)")
+    parser.add_argument("--gammas", default="", help="DSpark block sizes, e.g. 7,4 (default: the drafter's)")
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--min-prompts", type=int, default=8,
+                        help="each batch size runs ceil(N / batch) waves of prompts (batch 1: N one at a time)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--skip-hf", action="store_true")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype or ("float32" if args.device == "cpu" else "bfloat16"))
     loaded = load_model(args.model, dtype=dtype, device=args.device, progress=False)
     drafter = args.drafter or shipped_drafter("smollm2-135m")
+    gammas: list[int | None] = [int(g) for g in args.gammas.split(",")] if args.gammas else [None]
+    dspark_names = ([] if drafter is None else
+                    ["engine_dspark" if g is None else f"engine_dspark_g{g}" for g in gammas])
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "device": args.device, "dtype": str(dtype),
                                "threads": torch.get_num_threads(), "drafter": str(drafter),
                                "new_tokens": args.new_tokens, "rows": []}
+    hf_model = None if args.skip_hf else load_hf(args.model, args.device, dtype)
+    eos = set(loaded.config.eos_token_ids) | set(loaded.tokenizer.eos_token_ids)
     for batch in (int(b) for b in args.batches.split(",")):
-        prompts = prompts_for(loaded.tokenizer, batch)
-        row: dict[str, Any] = {"batch": batch}
-        variants = {"engine": None}
+        # every system runs the same waves of `batch` prompts, one wave after the other
+        waves = waves_of(prompts_for(loaded.tokenizer, -(-args.min_prompts // batch) * batch), batch)
+        row: dict[str, Any] = {"batch": batch, "prompts": sum(len(w) for w in waves)}
+        variants: dict[str, SpeculativeConfig | None] = {"engine": None}
         if drafter is not None:
-            variants["engine_dspark"] = SpeculativeConfig(drafter=str(drafter))
+            for name, gamma in zip(dspark_names, gammas, strict=True):
+                variants[name] = SpeculativeConfig(drafter=str(drafter), gamma=gamma)
         for name, spec in variants.items():
             config = EngineConfig(model=args.model, device=args.device, dtype=str(dtype).removeprefix("torch."),
                                   max_num_seqs=max(batch, 1),
                                   max_model_len=2048, enable_prefix_cache=False, speculative=spec)
             engine = EngineCore(config, parts=build_engine_parts(config, loaded=loaded))
-            run_engine(engine, prompts, args.new_tokens)  # warm-up pass
+            run_engine(engine, waves[0], args.new_tokens)  # warm-up pass
             before = engine.stats()
-            produced, seconds = run_engine(engine, prompts, args.new_tokens)
+            produced, seconds = map(sum, zip(*(run_engine(engine, w, args.new_tokens) for w in waves), strict=True))
             row[name] = produced / seconds
             row[f"{name}_tokens"] = produced
             if spec is not None:
                 after = engine.stats()
                 verifies = after.spec_verify_steps_total - before.spec_verify_steps_total
                 accepted = after.spec_accepted_tokens_total - before.spec_accepted_tokens_total
-                row["dspark_mean_accept_len"] = (accepted + verifies) / max(verifies, 1)
-        if not args.skip_hf:
-            eos = set(loaded.config.eos_token_ids) | set(loaded.tokenizer.eos_token_ids)
-            row["transformers"] = run_hf(args.model, prompts, args.new_tokens, args.device, dtype, eos)
+                row[f"{name}_accept_len"] = (accepted + verifies) / max(verifies, 1)
+                row[f"{name}_vs_engine"] = row[name] / row["engine"]
+        if hf_model is not None:
+            run_hf(hf_model, waves[0], args.new_tokens, args.device, eos)  # warm-up pass
+            produced, seconds = map(sum, zip(*(run_hf(hf_model, w, args.new_tokens, args.device, eos)
+                                               for w in waves), strict=True))
+            row["transformers"] = produced / seconds
             row["engine_vs_transformers"] = row["engine"] / row["transformers"]
-        if "engine_dspark" in row:
-            row["dspark_vs_engine"] = row["engine_dspark"] / row["engine"]
         results["rows"].append(row)
         print(json.dumps(row), flush=True)
-    print("\n| batch | engine tok/s | DSpark tok/s (accept) | transformers tok/s | engine / transformers "
-          "| DSpark / engine |")
-    print("|---|---|---|---|---|---|")
+    print("\n| batch | engine tok/s | transformers tok/s | engine / transformers | "
+          + " | ".join(f"{n.removeprefix('engine_')} tok/s (accept) | {n.removeprefix('engine_')} / engine"
+                       for n in dspark_names) + " |")
+    print("|---" * (4 + 2 * len(dspark_names)) + "|")
     for r in results["rows"]:
-        dspark = f"{r['engine_dspark']:.2f} ({r['dspark_mean_accept_len']:.2f})" if "engine_dspark" in r else None
-        cells = [r["batch"], r["engine"], dspark, r.get("transformers"),
-                 r.get("engine_vs_transformers"), r.get("dspark_vs_engine")]
+        cells: list[object] = [r["batch"], r["engine"], r.get("transformers"), r.get("engine_vs_transformers")]
+        for n in dspark_names:
+            cells += [f"{r[n]:.2f} ({r[f'{n}_accept_len']:.2f})", r[f"{n}_vs_engine"]]
         print("| " + " | ".join("-" if c is None else (f"{c:.2f}" if isinstance(c, float) else str(c))
                                 for c in cells) + " |")
     if args.out:

@@ -10,6 +10,7 @@ from typing import cast
 import torch
 
 from engine.config import EngineConfig, ModelConfig
+from engine.kernels.cpu_linear import pack_module_weights
 from engine.kv.manager import KVManager
 from engine.kv.pool import KVPool
 from engine.loader.load import LoadedModel, load_model
@@ -74,6 +75,8 @@ def build_engine_parts(config: EngineConfig, loaded: LoadedModel | None = None) 
     if loaded is None:
         loaded = load_model(config.model, dtype=dtype, device=device, tokenizer=config.tokenizer,
                             tensor_parallel_size=config.tensor_parallel_size)
+    if device.type == "cpu":
+        pack_module_weights(loaded.model, dtype)  # bf16/fp16 on a CPU with the instructions for it
     mc = loaded.config
     target = cast(CausalLM, loaded.model)  # every registered family has the CausalLM shape
     # Under tensor parallelism each rank caches its own share of the KV heads.
@@ -81,6 +84,8 @@ def build_engine_parts(config: EngineConfig, loaded: LoadedModel | None = None) 
     max_model_len = min(config.max_model_len or mc.max_position, mc.max_position)
     spec = (build_spec(config.speculative, loaded.name, target, mc, device, dtype)
             if config.speculative else None)
+    if spec is not None and device.type == "cpu":
+        pack_module_weights(spec.drafter, dtype)
     step_width = spec.window if spec else 1
     page_size = config.page_size or (1 if device.type == "cpu" else 16)
     max_context = -(-(max_model_len + 2 * step_width) // page_size) * page_size + page_size

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.distributed.parallel import all_gather, all_reduce, divide, tp_rank, tp_size
+from engine.kernels.cpu_linear import linear
 
 
 def _check_shape(name: str, full: torch.Tensor, expected: tuple[int, ...]) -> None:
@@ -40,6 +41,8 @@ class ColumnParallelLinear(nn.Module):
     """y = x W^T + b with W's rows (output features) split across ranks: y is sharded on its
     last dim unless `gather_output`."""
 
+    packable_weight = True  # engine.kernels.cpu_linear may swap in a packed CPU weight
+
     def __init__(self, input_size: int, output_size: int, bias: bool = False, gather_output: bool = False):
         super().__init__()
         self.tp_size, self.tp_rank = tp_size(), tp_rank()
@@ -56,7 +59,7 @@ class ColumnParallelLinear(nn.Module):
         param.data.copy_(full.narrow(0, self.tp_rank * rows, rows))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)
+        y = linear(x, self.weight, self.bias)
         return all_gather(y, dim=-1) if self.gather_output else y
 
 
@@ -139,6 +142,8 @@ class RowParallelLinear(nn.Module):
     sharded on its last dim (from a column-parallel layer), the partial products are summed
     with one all-reduce, then the (replicated) bias is added once."""
 
+    packable_weight = True
+
     def __init__(self, input_size: int, output_size: int, bias: bool = False, reduce_results: bool = True):
         super().__init__()
         self.tp_size, self.tp_rank = tp_size(), tp_rank()
@@ -159,8 +164,8 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.linear(x, self.weight, self.bias)
-        y = F.linear(x, self.weight)
+            return linear(x, self.weight, self.bias)
+        y = linear(x, self.weight)
         if self.reduce_results:
             y = all_reduce(y)
         return y + self.bias if self.bias is not None else y
@@ -200,8 +205,10 @@ class ParallelLMHead(VocabParallelEmbedding):
     """The output projection hidden → vocab, split by vocabulary rows like the embedding (so a
     tied head can share the embedding's parameter). Logits are gathered to the full vocab."""
 
+    packable_weight = True  # packing unties a tied head: the embedding keeps the dense table
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [R, H] -> [R, V]
-        logits = F.linear(hidden, self.weight)
+        logits = linear(hidden, self.weight)
         if self.tp_size == 1:
             return logits
         return all_gather(logits, dim=-1)[..., : self.num_embeddings]

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kernels import silu_and_mul
+from engine.kernels.cpu_linear import PackableLinear
 from engine.models.context import ForwardContext, KVCaches
 from engine.models.layers import RMSNorm, RotaryEmbedding
 from engine.sampling.rng import Stream, uniform
@@ -61,8 +62,8 @@ class DrafterAttention(nn.Module):
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, config.q_size, bias=False)
-        self.o_proj = nn.Linear(config.q_size, config.hidden_size, bias=False)
+        self.q_proj = PackableLinear(config.hidden_size, config.q_size, bias=False)
+        self.o_proj = PackableLinear(config.q_size, config.hidden_size, bias=False)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
         self.scale = config.head_dim**-0.5
@@ -100,8 +101,8 @@ class DrafterLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = DrafterAttention(config, layer_id)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = PackableLinear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = PackableLinear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(
         self,
@@ -128,7 +129,7 @@ class DSparkDrafter(nn.Module):
         super().__init__()
         self.config = config
         hidden, num_layers = config.hidden_size, config.num_layers
-        self.fc = nn.Linear(config.num_capture_layers * hidden, hidden, bias=False)
+        self.fc = PackableLinear(config.num_capture_layers * hidden, hidden, bias=False)
         self.hidden_norm = RMSNorm(hidden, config.rms_norm_eps)
         # [L, 2*Hkv*D, H]: rows [k heads | v heads] of every layer, one GEMM for injection.
         self.kv_proj = nn.Parameter(torch.empty(num_layers, 2 * config.kv_size, hidden))
