@@ -151,7 +151,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     _add(data, "--data-seed", int, gen.seed, "seed of the prompt set and the sampled answers")
 
     opt = parser.add_argument_group("training")
-    _add(opt, "--steps", int, train.steps, "optimizer steps; 0 = as many as fit in the time budget")
+    _add(
+        opt,
+        "--steps",
+        int,
+        train.steps,
+        "optimizer steps of the whole run, also on --resume; 0 = as many as fit in the time budget "
+        "(on --resume: sized again to this call's budget)",
+    )
     _add(opt, "--batch-size", int, train.batch_size, "sequences per step")
     _add(opt, "--anchors-per-seq", int, train.anchors_per_seq, "draft blocks trained per sequence per step")
     _add(opt, "--max-seq-len", int, train.max_seq_len, "sequences are truncated to this many tokens")

@@ -168,6 +168,20 @@ def _free_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def served_drafter(drafter: DSparkDrafter, device: torch.device, dtype: torch.dtype) -> DSparkDrafter:
+    """A `dtype` copy of the training drafter on `device`, as `load_drafter` gives it to the
+    engine (weights in `dtype`, RoPE tables fp32, eval mode): what the held-out acceptance is
+    measured on. The fp32 training copy under autocast would mix dtypes in the fused GPU
+    kernels (a bf16 branch output beside an fp32 residual) and is not what ships. The copy
+    still needs `bind_target`."""
+    with torch.device(device):
+        copy = DSparkDrafter(drafter.config)
+    copy.load_state_dict(drafter.state_dict())
+    copy.requires_grad_(False).to(dtype)
+    copy.rotary_emb.cos_sin_cache = copy.rotary_emb.cos_sin_cache.float()
+    return copy.eval()
+
+
 def export_drafter(
     drafter: DSparkDrafter, out: Path, metadata: dict[str, Any], dtype: torch.dtype = torch.bfloat16
 ) -> Path:
@@ -338,15 +352,16 @@ def run(config: RunConfig, target_bundle: TargetBundle | None = None) -> RunResu
     acceptance = None
     if len(heldout_set):
         t0 = time.monotonic()
+        served = served_drafter(drafter, device, dtype)  # the target's dtype: bf16 on GPU, as served
+        served.bind_target(target.embed, target.compute_logits)  # type: ignore[arg-type]
         acceptance = evaluate_acceptance(
-            drafter,
+            served,
             target,
             heldout_set,
             device,
             config.eval_temperature,
             config.eval_sequences,
             max_seq_len=config.train.max_seq_len,
-            autocast_dtype=torch.bfloat16 if device.type == "cuda" else None,
         )
         timings["eval_s"] = round(time.monotonic() - t0, 1)
         print(acceptance.table(), flush=True)

@@ -13,6 +13,16 @@ The run is resumable and bounded in time:
 - `steps = 0` sizes the run to the deadline: after a few timed steps, the total is set to
   what fits, so the cosine schedule ends when the time does;
 - an explicit `steps` still stops at the deadline (the schedule is then cut short).
+
+On resume the total comes from the config, not from the saved state, so that several
+time-bounded calls make one schedule:
+- an explicit `steps` is the total of the whole run (larger or smaller than the total saved,
+  never below the steps already done): `steps=N` in every call trains N steps in all;
+- `steps = 0` sizes the total again to this call's deadline (step + what fits), keeping the
+  saved total for the learning rate of the few timed steps before that. A first call with an
+  estimate of the whole run's steps and later calls with `steps = 0` end the cosine when the
+  last call's time does. Extending a finished schedule this way raises the learning rate again
+  (a warm restart); without a deadline the saved total stands.
 """
 
 from __future__ import annotations
@@ -193,13 +203,25 @@ class Trainer:
                 f"{self.state_path} was written for another drafter config; "
                 "use a fresh work directory or the same drafter options"
             )
+        step, saved_total = int(state["step"]), int(state["total_steps"])
+        if self.config.steps and self.config.steps < step:
+            raise ValueError(
+                f"{self.state_path} has {step} steps done, more than the {self.config.steps} steps asked for: "
+                "ask for at least as many steps, or 0 to size the run to the time budget"
+            )
         self.drafter.load_state_dict(state["drafter"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.sampler.load_state_dict(state["sampler"])
-        self.step = int(state["step"])
-        self.total_steps = int(state["total_steps"])
+        self.step = step
+        # An explicit step count is the whole run's total; 0 keeps the saved one until run() sizes it again.
+        self.total_steps = self.config.steps or saved_total
         self.sequences_seen = int(state["sequences_seen"])
-        log.info("resumed drafter training at step %d of %d", self.step, self.total_steps)
+        log.info(
+            "resumed drafter training at step %d of %d%s",
+            self.step,
+            self.total_steps,
+            f" (was {saved_total})" if self.total_steps != saved_total else "",
+        )
         return True
 
     # ---- the loop -----------------------------------------------------------------------
@@ -247,6 +269,9 @@ class Trainer:
         cfg = self.config
         if self.total_steps == 0 and deadline is None:
             raise ValueError("steps=0 sizes the run to a time budget: give a deadline (max minutes) or steps")
+        # Sized to the deadline: a fresh run with steps=0, and a resumed one (whose saved total
+        # only sets the learning rate until then; see the module doc).
+        sized = cfg.steps != 0 or deadline is None
         self.drafter.train()
         start = time.monotonic()
         stopped = "done"
@@ -266,24 +291,25 @@ class Trainer:
             disable=not progress,
         )
         with _sigterm_flag(self.flag), (self.work_dir / LOG_FILE).open("a") as log_file:
-            while self.total_steps == 0 or self.step < self.total_steps:
+            while not sized or self.step < self.total_steps:
                 if self.flag["stop"]:
                     stopped = "signal"
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     stopped = "deadline"
                     break
-                if self.total_steps == 0 and self.step == calibrated_at - CALIBRATION_STEPS:
+                if not sized and self.step == calibrated_at - CALIBRATION_STEPS:
                     self._sync()
                     timer_start = time.monotonic()
                 window.append(self.train_step())
-                sizing = self.total_steps == 0 and self.step == calibrated_at
+                sizing = not sized and self.step == calibrated_at
                 if (sizing or self.step == resize_at) and timer_start is not None:
                     self._sync()
                     now = time.monotonic()
                     step_s = (now - timer_start) / (CALIBRATION_STEPS if sizing else self.step - calibrated_at)
                     fits = int(SAFETY * (deadline - now) / step_s) if deadline else 0
                     self.total_steps = max(self.step + 1, min(cfg.max_auto_steps, self.step + fits))
+                    sized = True
                     if sizing:  # measure again halfway, or after RESIZE_AFTER_STEPS
                         resize_at = self.step + max(1, min(RESIZE_AFTER_STEPS, (self.total_steps - self.step) // 2))
                         timer_start = now

@@ -1,6 +1,6 @@
 """Training learns: on a target with a learnable structure the loss falls and held-out
 acceptance rises far above chance; a run stopped by SIGTERM resumes to the same weights; a
-time budget sizes the run."""
+time budget sizes the run; a resumed run takes its total from its own settings."""
 
 from __future__ import annotations
 
@@ -156,3 +156,87 @@ def test_learning_rate_schedule() -> None:
     assert lr_at(55, 100, config) == pytest.approx(1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * 0.5)))
     assert lr_at(100, 100, config) == pytest.approx(1e-4)
     assert lr_at(3, 10, config) == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 2 / 9)) * 0.9 + 1e-4)
+
+
+def _stopped_at(step: int, target: torch.nn.Module, train_set: SequenceSet, config: TrainConfig, work) -> None:
+    """Train `config` in `work` until SIGTERM after `step` steps (a checkpoint is due then)."""
+
+    def stop(drafter: DSparkDrafter, at: int) -> None:
+        if at == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    report = Trainer(new_drafter(target), target, train_set, config, work, CPU, on_checkpoint=stop).run(progress=False)
+    assert report.stopped == "signal" and report.steps_done == step
+
+
+def test_resume_takes_the_total_from_the_command_not_the_saved_state(successor_data, tmp_path) -> None:
+    """Two calls make one schedule: the second call's `steps` is the whole run's total."""
+    target, seqs = successor_data
+    train_set = seqs.split(heldout=False)
+    base = dict(batch_size=4, anchors_per_seq=4, lr=2e-3, warmup_steps=2, log_every=4, checkpoint_every=5)
+    _stopped_at(5, target, train_set, TrainConfig(steps=8, **base), tmp_path)
+
+    longer = TrainConfig(steps=14, **base)
+    trainer = Trainer(new_drafter(target), target, train_set, longer, tmp_path, CPU)
+    assert trainer.load_state() and (trainer.step, trainer.total_steps) == (5, 14)
+    report = trainer.run(progress=False)
+    assert (report.steps_done, report.total_steps, report.stopped) == (14, 14, "done")
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(13, 14, longer))
+
+    with pytest.raises(ValueError, match="more than the 10 steps"):
+        Trainer(new_drafter(target), target, train_set, TrainConfig(steps=10, **base), tmp_path, CPU).load_state()
+
+
+def test_resume_with_steps_0_sizes_the_rest_to_the_new_deadline(successor_data, tmp_path) -> None:
+    target, seqs = successor_data
+    train_set = seqs.split(heldout=False)
+    base = dict(batch_size=4, anchors_per_seq=4, warmup_steps=2, log_every=5, checkpoint_every=5)
+    _stopped_at(5, target, train_set, TrainConfig(steps=12, **base), tmp_path)
+
+    auto = TrainConfig(steps=0, **base)
+    trainer = Trainer(new_drafter(target), target, train_set, auto, tmp_path, CPU)
+    assert trainer.load_state() and (trainer.step, trainer.total_steps) == (5, 12)  # until sized again
+    start = time.monotonic()
+    report = trainer.run(deadline=start + 3.0, progress=False)
+    assert report.total_steps > 20  # sized to the 3 s it was given, not the 12 saved
+    assert report.stopped in ("done", "deadline") and report.steps_done > 12
+    assert time.monotonic() - start < 3.0 + 1.5
+
+    # Without a deadline there is nothing to size to: the saved total stands.
+    again = Trainer(new_drafter(target), target, train_set, auto, tmp_path, CPU)
+    again.load_state()
+    done = again.run(progress=False)
+    assert done.steps_done == done.total_steps == report.total_steps
+
+
+def test_held_out_evaluation_runs_the_served_bf16_copy(successor_data, monkeypatch) -> None:
+    """On GPU the fused kernels (RoPE, residual add + RMSNorm) need their inputs in one dtype;
+    the fp32 training copy under bf16 autocast broke that. The pipeline evaluates the bf16 copy
+    the engine would load; strict stand-ins for the kernels check the pairing on CPU."""
+    import copy
+
+    import engine.models.layers as layers
+    from engine.spec.train.pipeline import served_drafter
+
+    rotary, add_norm = layers.rotary_embedding, layers.add_rms_norm
+
+    def strict_rotary(positions, q, k, cos_sin_cache):
+        assert q.dtype == k.dtype, f"rotary: q {q.dtype}, k {k.dtype}"
+        return rotary(positions, q, k, cos_sin_cache)
+
+    def strict_add_norm(x, residual, weight, eps):
+        assert x.dtype == residual.dtype, f"add_rms_norm: x {x.dtype}, residual {residual.dtype}"
+        return add_norm(x, residual, weight, eps)
+
+    monkeypatch.setattr(layers, "rotary_embedding", strict_rotary)
+    monkeypatch.setattr(layers, "add_rms_norm", strict_add_norm)
+    target, seqs = successor_data
+    target = copy.deepcopy(target).to(torch.bfloat16)
+    drafter = new_drafter(target, num_layers=2)
+    served = served_drafter(drafter, CPU, torch.bfloat16)
+    served.bind_target(target.embed, target.compute_logits)
+    assert {p.dtype for p in served.parameters()} == {torch.bfloat16}
+    assert served.rotary_emb.cos_sin_cache.dtype == torch.float32 and not served.training
+    torch.testing.assert_close(served.fc.weight, drafter.fc.weight.to(torch.bfloat16))
+    report = evaluate_acceptance(served, target, seqs.split(heldout=True), CPU, max_sequences=4)
+    assert report.greedy_verifies > 0 and report.sampled_anchors > 0
