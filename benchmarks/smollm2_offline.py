@@ -18,7 +18,8 @@ size, so batch 1 averages over several conversations), and greedy decoding up to
 --new-tokens tokens, stopping at EOS; tokens/s counts the tokens generated up to EOS over the
 wall time of the generate calls (prefill included). Each system runs one wave untimed first
 (kernel compilation, CUDA graphs, allocator); the engine's prefix cache is off, so the timed
-waves prefill again.
+waves prefill again. The timed waves are interleaved (wave 1 on every system, then wave 2...),
+so that a slow spell of a shared machine does not land on one system alone.
 Greedy DSpark commits the plain engine's tokens (token for token in float32, which the
 lossless tests check; in bf16 a verify row may round differently from a decode row, so the
 token counts are recorded too). Ratios are printed last.
@@ -30,6 +31,8 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -132,27 +135,40 @@ def main() -> None:
         if drafter is not None:
             for name, gamma in zip(dspark_names, gammas, strict=True):
                 variants[name] = SpeculativeConfig(drafter=str(drafter), gamma=gamma)
+        systems: dict[str, Callable[[list[list[int]]], tuple[int, float]]] = {}
+        engines: dict[str, EngineCore] = {}
         for name, spec in variants.items():
             config = EngineConfig(model=args.model, device=args.device, dtype=str(dtype).removeprefix("torch."),
                                   max_num_seqs=max(batch, 1),
                                   max_model_len=2048, enable_prefix_cache=False, speculative=spec)
-            engine = EngineCore(config, parts=build_engine_parts(config, loaded=loaded))
-            run_engine(engine, waves[0], args.new_tokens)  # warm-up pass
-            before = engine.stats()
-            produced, seconds = map(sum, zip(*(run_engine(engine, w, args.new_tokens) for w in waves), strict=True))
+            engines[name] = EngineCore(config, parts=build_engine_parts(config, loaded=loaded))
+            systems[name] = partial(run_engine, engines[name], new_tokens=args.new_tokens)
+        if hf_model is not None:
+            systems["transformers"] = partial(run_hf, hf_model, new_tokens=args.new_tokens, device=args.device,
+                                              eos=eos)
+        for run in systems.values():
+            run(waves[0])  # warm-up pass
+        before = {name: engine.stats() for name, engine in engines.items()}
+        # Interleaved: each wave runs on every system in turn, so that a slow spell of a shared
+        # machine falls on all of them rather than on one.
+        totals = {name: [0, 0.0] for name in systems}
+        for wave in waves:
+            for name, run in systems.items():
+                produced, seconds = run(wave)
+                totals[name][0] += produced
+                totals[name][1] += seconds
+        for name, (produced, seconds) in totals.items():
             row[name] = produced / seconds
             row[f"{name}_tokens"] = produced
-            if spec is not None:
-                after = engine.stats()
-                verifies = after.spec_verify_steps_total - before.spec_verify_steps_total
-                accepted = after.spec_accepted_tokens_total - before.spec_accepted_tokens_total
-                row[f"{name}_accept_len"] = (accepted + verifies) / max(verifies, 1)
-                row[f"{name}_vs_engine"] = row[name] / row["engine"]
+        for name, engine in engines.items():
+            if variants[name] is None:
+                continue
+            after = engine.stats()
+            verifies = after.spec_verify_steps_total - before[name].spec_verify_steps_total
+            accepted = after.spec_accepted_tokens_total - before[name].spec_accepted_tokens_total
+            row[f"{name}_accept_len"] = (accepted + verifies) / max(verifies, 1)
+            row[f"{name}_vs_engine"] = row[name] / row["engine"]
         if hf_model is not None:
-            run_hf(hf_model, waves[0], args.new_tokens, args.device, eos)  # warm-up pass
-            produced, seconds = map(sum, zip(*(run_hf(hf_model, w, args.new_tokens, args.device, eos)
-                                               for w in waves), strict=True))
-            row["transformers"] = produced / seconds
             row["engine_vs_transformers"] = row["engine"] / row["transformers"]
         results["rows"].append(row)
         print(json.dumps(row), flush=True)

@@ -25,10 +25,13 @@ def random_llama_dir(out: Path, vocab_words: int = 509) -> Path:
     return out
 
 
-def gpu_engine(tmp: Path, speculative: bool, **options: object) -> EngineCore:
+def gpu_engine(tmp: Path, speculative: bool, drafter_layers: int = 1, **options: object) -> EngineCore:
     model_dir = random_llama_dir(tmp / "model")
     loaded = load_model(str(model_dir), dtype=torch.bfloat16, device="cuda", progress=False)
-    spec = SpeculativeConfig(drafter=str(random_drafter_dir(tmp / "drafter", loaded))) if speculative else None
+    spec = None
+    if speculative:
+        drafter = random_drafter_dir(tmp / "drafter", loaded, num_layers=drafter_layers)
+        spec = SpeculativeConfig(drafter=str(drafter))
     config = EngineConfig(model=str(model_dir), device="cuda", max_model_len=1024, max_num_seqs=8,
                           kv_cache_memory_bytes=1 << 30, speculative=spec, **options)  # type: ignore[arg-type]
     return EngineCore(config, parts=build_engine_parts(config, loaded=loaded))

@@ -57,11 +57,12 @@ def test_prefill_expansion_without_output_size_is_caught(make_engine):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
-@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "dspark"])
-def test_step_loop_passes_cuda_sync_debug_mode(tmp_path_factory, speculative):
+@pytest.mark.parametrize(("speculative", "drafter_layers"), [(False, 1), (True, 1), (True, 2)],
+                         ids=["plain", "dspark", "dspark-2-layers"])
+def test_step_loop_passes_cuda_sync_debug_mode(tmp_path_factory, speculative, drafter_layers):
     from tests.engine.gpu_models import gpu_engine
 
-    engine = gpu_engine(tmp_path_factory.mktemp("gpu"), speculative=speculative)
+    engine = gpu_engine(tmp_path_factory.mktemp("gpu"), speculative=speculative, drafter_layers=drafter_layers)
     prompts = [[1 + (7 * i + j) % 500 for j in range(40 + 13 * i)] for i in range(6)]
     for i, prompt in enumerate(prompts):
         engine.add_request(f"g{i}", prompt, MIXED[i % len(MIXED)])
