@@ -16,10 +16,12 @@ Every system gets the same held-out chat prompts (conversations the shipped draf
 trained on), in the same waves of `batch` prompts (at least --min-prompts prompts per batch
 size, so batch 1 averages over several conversations), and greedy decoding up to
 --new-tokens tokens, stopping at EOS; tokens/s counts the tokens generated up to EOS over the
-wall time of the generate calls (prefill included). Each system runs one wave untimed first
-(kernel compilation, CUDA graphs, allocator); the engine's prefix cache is off, so the timed
-waves prefill again. The timed waves are interleaved (wave 1 on every system, then wave 2...),
-so that a slow spell of a shared machine does not land on one system alone.
+wall time of the generate calls (prefill included); the engine's "decode only" figures count
+the tokens after each request's first over the time from a wave's last first token to its
+end. Each system runs one wave untimed first (kernel compilation, CUDA graphs, allocator);
+the engine's prefix cache is off, so the timed waves prefill again. The timed waves are
+interleaved (wave 1 on every system, then wave 2...), so that a slow spell of a shared
+machine does not land on one system alone.
 Greedy DSpark commits the plain engine's tokens (token for token in float32, which the
 lossless tests check; in bf16 a verify row may round differently from a decode row, so the
 token counts are recorded too). Ratios are printed last.
@@ -32,6 +34,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -59,17 +62,31 @@ def waves_of(prompts: list[list[int]], batch: int) -> list[list[list[int]]]:
     return [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
 
 
-def run_engine(engine: EngineCore, prompts: list[list[int]], new_tokens: int) -> tuple[int, float]:
-    """(tokens generated, seconds) for the whole batch."""
+@dataclass
+class WaveTiming:
+    tokens: int  # generated, up to and including EOS
+    seconds: float  # the whole generate call, prefill included
+    decode_tokens: int = 0  # tokens after each request's first (engine only)
+    decode_seconds: float = 0.0  # from the wave's last first token to its end (engine only)
+
+    def __add__(self, other: WaveTiming) -> WaveTiming:
+        return WaveTiming(self.tokens + other.tokens, self.seconds + other.seconds,
+                          self.decode_tokens + other.decode_tokens, self.decode_seconds + other.decode_seconds)
+
+
+def run_engine(engine: EngineCore, prompts: list[list[int]], new_tokens: int) -> WaveTiming:
     params = SamplingParams(max_tokens=new_tokens, temperature=0.0)
     start = time.perf_counter()
     for i, p in enumerate(prompts):
         engine.add_request(f"b{i}-{time.perf_counter_ns()}", p, params)
-    produced = 0
+    produced, first_token_s = 0, start
     while engine.has_unfinished_requests():
         for out in engine.step():
             produced += len(out.new_token_ids)
-    return produced, time.perf_counter() - start
+            if out.timings is not None and out.timings.first_token_s is not None:
+                first_token_s = max(first_token_s, out.timings.first_token_s)
+    end = time.perf_counter()
+    return WaveTiming(produced, end - start, produced - len(prompts), end - first_token_s)
 
 
 def generated_until_eos(rows: torch.Tensor, eos: set[int]) -> int:
@@ -85,12 +102,13 @@ def load_hf(model_name: str, device: str, dtype: torch.dtype) -> Any:
     from transformers import AutoModelForCausalLM
 
     source = resolve_model(model_name)
-    return AutoModelForCausalLM.from_pretrained(str(source.path.parent), gguf_file=source.path.name,
-                                                torch_dtype=dtype).to(device).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(str(source.path.parent), gguf_file=source.path.name,
+                                                      torch_dtype=dtype)
+    return model.to(device).eval()
 
 
-def run_hf(model: Any, prompts: list[list[int]], new_tokens: int, device: str, eos: set[int]) -> tuple[int, float]:
-    """(tokens generated up to EOS, seconds) for one left-padded `generate` call."""
+def run_hf(model: Any, prompts: list[list[int]], new_tokens: int, device: str, eos: set[int]) -> WaveTiming:
+    """One left-padded `generate` call."""
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)  # left padding
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
@@ -99,7 +117,7 @@ def run_hf(model: Any, prompts: list[list[int]], new_tokens: int, device: str, e
         out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
                              eos_token_id=sorted(eos), pad_token_id=0)
         elapsed = time.perf_counter() - start
-    return generated_until_eos(out[:, width:], eos), elapsed
+    return WaveTiming(generated_until_eos(out[:, width:], eos), elapsed)
 
 
 def main() -> None:
@@ -135,7 +153,7 @@ def main() -> None:
         if drafter is not None:
             for name, gamma in zip(dspark_names, gammas, strict=True):
                 variants[name] = SpeculativeConfig(drafter=str(drafter), gamma=gamma)
-        systems: dict[str, Callable[[list[list[int]]], tuple[int, float]]] = {}
+        systems: dict[str, Callable[[list[list[int]]], WaveTiming]] = {}
         engines: dict[str, EngineCore] = {}
         for name, spec in variants.items():
             config = EngineConfig(model=args.model, device=args.device, dtype=str(dtype).removeprefix("torch."),
@@ -151,15 +169,15 @@ def main() -> None:
         before = {name: engine.stats() for name, engine in engines.items()}
         # Interleaved: each wave runs on every system in turn, so that a slow spell of a shared
         # machine falls on all of them rather than on one.
-        totals = {name: [0, 0.0] for name in systems}
+        totals = {name: WaveTiming(0, 0.0) for name in systems}
         for wave in waves:
             for name, run in systems.items():
-                produced, seconds = run(wave)
-                totals[name][0] += produced
-                totals[name][1] += seconds
-        for name, (produced, seconds) in totals.items():
-            row[name] = produced / seconds
-            row[f"{name}_tokens"] = produced
+                totals[name] += run(wave)
+        for name, total in totals.items():
+            row[name] = total.tokens / total.seconds
+            row[f"{name}_tokens"] = total.tokens
+            if total.decode_seconds > 0:
+                row[f"{name}_decode"] = total.decode_tokens / total.decode_seconds
         for name, engine in engines.items():
             if variants[name] is None:
                 continue
@@ -168,18 +186,22 @@ def main() -> None:
             accepted = after.spec_accepted_tokens_total - before[name].spec_accepted_tokens_total
             row[f"{name}_accept_len"] = (accepted + verifies) / max(verifies, 1)
             row[f"{name}_vs_engine"] = row[name] / row["engine"]
+            row[f"{name}_decode_vs_engine"] = row[f"{name}_decode"] / row["engine_decode"]
         if hf_model is not None:
             row["engine_vs_transformers"] = row["engine"] / row["transformers"]
         results["rows"].append(row)
         print(json.dumps(row), flush=True)
-    print("\n| batch | engine tok/s | transformers tok/s | engine / transformers | "
-          + " | ".join(f"{n.removeprefix('engine_')} tok/s (accept) | {n.removeprefix('engine_')} / engine"
-                       for n in dspark_names) + " |")
+    print("\n| batch | engine tok/s (decode only) | transformers tok/s | engine / transformers | "
+          + " | ".join(f"{n.removeprefix('engine_')} tok/s (accept) | {n.removeprefix('engine_')} / engine "
+                       "(decode only)" for n in dspark_names) + " |")
     print("|---" * (4 + 2 * len(dspark_names)) + "|")
     for r in results["rows"]:
-        cells: list[object] = [r["batch"], r["engine"], r.get("transformers"), r.get("engine_vs_transformers")]
+        cells: list[object] = [f"{r['engine']:.2f} ({r['engine_decode']:.2f})", r.get("transformers"),
+                               r.get("engine_vs_transformers")]
+        cells.insert(0, r["batch"])
         for n in dspark_names:
-            cells += [f"{r[n]:.2f} ({r[f'{n}_accept_len']:.2f})", r[f"{n}_vs_engine"]]
+            cells += [f"{r[n]:.2f} ({r[f'{n}_accept_len']:.2f})",
+                      f"{r[f'{n}_vs_engine']:.2f} ({r[f'{n}_decode_vs_engine']:.2f})"]
         print("| " + " | ".join("-" if c is None else (f"{c:.2f}" if isinstance(c, float) else str(c))
                                 for c in cells) + " |")
     if args.out:
