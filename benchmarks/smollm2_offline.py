@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -56,6 +58,26 @@ from tests.data.spec_prompts import spec_prompt_conversations  # noqa: E402
 def prompts_for(tokenizer: Any, n: int) -> list[list[int]]:
     return [tokenizer.encode(tokenizer.apply_chat_template(c, add_generation_prompt=True), add_special_tokens=False)
             for c in spec_prompt_conversations(n)]
+
+
+def machine_name(device: str) -> str:
+    """The GPU's name, or the CPU's model name from /proc/cpuinfo (else the platform's)."""
+    if device != "cpu":
+        return torch.cuda.get_device_name()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True, cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def waves_of(prompts: list[list[int]], batch: int) -> list[list[list[int]]]:
@@ -141,6 +163,7 @@ def main() -> None:
     dspark_names = ([] if drafter is None else
                     ["engine_dspark" if g is None else f"engine_dspark_g{g}" for g in gammas])
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "device": args.device, "dtype": str(dtype),
+                               "machine": machine_name(args.device), "commit": git_commit(),
                                "threads": torch.get_num_threads(), "drafter": str(drafter),
                                "new_tokens": args.new_tokens, "rows": []}
     hf_model = None if args.skip_hf else load_hf(args.model, args.device, dtype)
