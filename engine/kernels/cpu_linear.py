@@ -4,14 +4,14 @@
 on every call. In decode, a few rows meet every weight of the model once per step, so that
 copy costs about as much as the product itself. Packing each weight once at start-up
 (`mkldnn._reorder_linear_weight`) and multiplying with `mkldnn._linear_pointwise` removes it;
-the result is bit-identical. The packed weight replaces the dense one (an opaque oneDNN
-tensor that keeps shape and dtype), so memory does not grow.
+on 2-D inputs (what the model passes) the result is bit-identical to F.linear. The packed
+weight replaces the dense one (an opaque oneDNN tensor that keeps shape and dtype), so memory
+does not grow.
 
-Measured on the 2-core Sapphire Rapids VM, SmolLM2-135M's 120 layer weights plus its LM head,
-one call each, weights streamed from DRAM, bf16: 36 ms dense, 26 ms packed, at 1, 8 and 16
-rows alike (docs/benchmarks.md). float32 weights stay dense: packed they are faster at 8–16
-rows (57 / 71 ms against 97 / 115) but slower at one row (47 against 32), and every float32
-result would change in its last bits.
+Measured on the 2-core Intel Xeon VM with AMX-BF16, SmolLM2-135M's 120 layer weights plus
+its LM head, one call each, weights streamed from DRAM, bf16: 36 ms dense, 26 ms packed, at
+1, 8 and 16 rows alike (docs/benchmarks.md). float32 weights stay dense: packed they are
+faster at 8-16 rows (57 / 71 ms against 97 / 115) but slower at one row (47 against 32).
 """
 
 from __future__ import annotations
