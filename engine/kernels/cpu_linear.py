@@ -8,10 +8,10 @@ on 2-D inputs (what the model passes) the result is bit-identical to F.linear. T
 weight replaces the dense one (an opaque oneDNN tensor that keeps shape and dtype), so memory
 does not grow.
 
-Measured on the 2-core Intel Xeon VM with AMX-BF16, SmolLM2-135M's 120 layer weights plus
-its LM head, one call each, weights streamed from DRAM, bf16: 36 ms dense, 26 ms packed, at
-1, 8 and 16 rows alike (docs/benchmarks.md). float32 weights stay dense: packed they are
-faster at 8-16 rows (57 / 71 ms against 97 / 115) but slower at one row (47 against 32).
+Measured on the 2-core Intel Xeon VM with AMX-BF16 (benchmarks/cpu_packed_linear.py), all of
+SmolLM2-135M's linear weights once each, weights streamed from DRAM: bf16 packed is 1.25-1.54x
+dense at 1-16 rows, and an engine step 1.17-1.24x. float32 weights stay dense: packed they
+are faster at 8-16 rows but slower at one row (0.88x).
 """
 
 from __future__ import annotations
