@@ -22,6 +22,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # smollm2_offline, for its prompts
+
+from smollm2_offline import prompts_for  # noqa: E402
 
 import engine.engine_setup as engine_setup  # noqa: E402
 from engine.config import EngineConfig, SpeculativeConfig  # noqa: E402
@@ -30,7 +33,6 @@ from engine.kernels.cpu_linear import cpu_packing_supported, linear, pack_weight
 from engine.loader.load import load_model  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.spec.setup import shipped_drafter  # noqa: E402
-from tests.data.spec_prompts import spec_prompt_conversations  # noqa: E402
 
 # SmolLM2-135M: hidden 576, 9 q / 3 kv heads of 64, MLP 1536, 30 layers, vocab 49152.
 LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
@@ -74,11 +76,8 @@ def engine_table() -> None:
                               max_model_len=2048, enable_prefix_cache=False, speculative=spec)
         engine = EngineCore(config, parts=engine_setup.build_engine_parts(config, loaded=copies[kind]))
         engine_setup.pack_module_weights = pack
-        tokenizer = copies[kind].tokenizer
-        for i, conversation in enumerate(spec_prompt_conversations(batch)):
-            text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True)
-            engine.add_request(f"r{i}", tokenizer.encode(text, add_special_tokens=False),
-                               SamplingParams(max_tokens=4000, temperature=0.0, ignore_eos=True))
+        for i, prompt in enumerate(prompts_for(copies[kind].tokenizer, batch)):
+            engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=4000, temperature=0.0, ignore_eos=True))
         for _ in range(3):  # prefill and the first decode steps
             engine.step()
         return engine

@@ -166,16 +166,15 @@ def main() -> None:
                                "machine": machine_name(args.device), "commit": git_commit(),
                                "threads": torch.get_num_threads(), "drafter": str(drafter),
                                "new_tokens": args.new_tokens, "rows": []}
+    variants: dict[str, SpeculativeConfig | None] = {"engine": None}
+    for name, gamma in zip(dspark_names, gammas, strict=True):
+        variants[name] = SpeculativeConfig(drafter=str(drafter), gamma=gamma)
     hf_model = None if args.skip_hf else load_hf(args.model, args.device, dtype)
     eos = set(loaded.config.eos_token_ids) | set(loaded.tokenizer.eos_token_ids)
     for batch in (int(b) for b in args.batches.split(",")):
         # every system runs the same waves of `batch` prompts, one wave after the other
         waves = waves_of(prompts_for(loaded.tokenizer, -(-args.min_prompts // batch) * batch), batch)
         row: dict[str, Any] = {"batch": batch, "prompts": sum(len(w) for w in waves)}
-        variants: dict[str, SpeculativeConfig | None] = {"engine": None}
-        if drafter is not None:
-            for name, gamma in zip(dspark_names, gammas, strict=True):
-                variants[name] = SpeculativeConfig(drafter=str(drafter), gamma=gamma)
         systems: dict[str, Callable[[list[list[int]]], WaveTiming]] = {}
         engines: dict[str, EngineCore] = {}
         for name, spec in variants.items():
