@@ -80,6 +80,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
     from engine.spec.train.objective import LABEL_MODES, ObjectiveConfig
     from engine.spec.train.pipeline import RunConfig
     from engine.spec.train.trainer import TrainConfig
+    from engine.spec.weight_encoding import WEIGHT_ENCODINGS
 
     run, gen, train, objective = RunConfig(), GenerationPlan(), TrainConfig(), ObjectiveConfig()
     where = parser.add_argument_group("target and output")
@@ -115,6 +116,22 @@ def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser
         run.init,
         "initial weights: 'target' (copy the last target layers) or 'random'",
         choices=("target", "random"),
+    )
+    _add(
+        shape,
+        "--init-from",
+        str,
+        None,
+        "a trained drafter checkpoint to start from, applied after --init; --layers may exceed its "
+        "depth (the added layers start as identities)",
+    )
+    _add(
+        shape,
+        "--weight-encoding",
+        str,
+        run.weight_encoding,
+        "how the checkpoint stores its matrices: plain (bf16) or int8 (per-group scales, half the size)",
+        choices=WEIGHT_ENCODINGS,
     )
 
     data = parser.add_argument_group("data")
@@ -258,6 +275,8 @@ def run_config(args: argparse.Namespace) -> Any:
         markov_rank=args.markov_rank,
         capture_layers=tuple(args.capture_layers or ()),
         init=args.init,
+        init_from=args.init_from,
+        weight_encoding=args.weight_encoding,
         num_prompts=args.num_prompts,
         generation=plan,
         generator=args.generator,

@@ -112,3 +112,38 @@ def test_save_refuses_a_config_that_is_not_the_drafters(tmp_path: Path) -> None:
     drafter, _ = make_drafter(tiny_config())
     with pytest.raises(ValueError, match="config"):
         save_drafter(tmp_path, drafter, tiny_config(gamma=3))
+
+
+def test_int8_checkpoint_is_smaller_and_serves_close_to_the_original(tmp_path: Path) -> None:
+    cfg = tiny_config(rope_dim=4, capture_layers=(1, 4))
+    drafter, target = make_drafter(cfg, seed=9)
+    save_drafter(tmp_path / "plain", drafter)
+    save_drafter(tmp_path / "int8", drafter, weight_encoding="int8")
+    assert json.loads((tmp_path / "int8" / CONFIG_FILE).read_text())["weight_encoding"] == "int8"
+    plain_bytes = (tmp_path / "plain" / WEIGHTS_FILE).stat().st_size
+    assert (tmp_path / "int8" / WEIGHTS_FILE).stat().st_size < 0.5 * plain_bytes  # fp32 here: ~1/4 + scales
+    loaded, _ = load_drafter(tmp_path / "int8", tiny_target(), "cpu", torch.float32)
+    original = drafter.state_dict()
+    for name, tensor in loaded.state_dict().items():
+        torch.testing.assert_close(tensor, original[name], atol=0.02, rtol=0.02, msg=name)
+    assert not torch.equal(loaded.fc.weight, drafter.fc.weight)  # it was encoded
+    loaded.bind_target(target.embed, target.compute_logits)
+    scen = make_scenario(cfg, [5, 2], seed=6)
+    aux, positions, slots = scen.flat_context()
+    loaded.inject_kv(aux, positions, slots, scen.pool)
+    ctx, pos = scen.block_context(cfg.gamma)
+    z = torch.zeros(2, dtype=torch.int64)
+    proposal = loaded.propose(z, ctx, pos, torch.tensor([0.0, 1.0]), z, z)
+    assert proposal.draft_tokens.shape == (2, cfg.gamma) and torch.isfinite(proposal.draft_logits).all()
+
+
+def test_an_encoding_that_does_not_match_the_file_is_refused(tmp_path: Path) -> None:
+    drafter, _ = make_drafter(tiny_config())
+    save_drafter(tmp_path, drafter, weight_encoding="int8")
+    doc = json.loads((tmp_path / CONFIG_FILE).read_text())
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({**doc, "weight_encoding": "plain"}))
+    with pytest.raises(ValueError, match="int8 tensors in a checkpoint whose weight_encoding is 'plain'"):
+        load_drafter(tmp_path, tiny_target(), "cpu", torch.float32)
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({**doc, "weight_encoding": "fp4"}))
+    with pytest.raises(ValueError, match="weight_encoding 'fp4'"):
+        load_drafter(tmp_path, tiny_target(), "cpu", torch.float32)

@@ -16,6 +16,12 @@ a late residual stream. So drafter layer i starts as a copy of target layer
 Shapes must match (a drafter made with `DrafterConfig.for_target` without overriding the
 attention or MLP sizes); otherwise the drafter keeps its random initialisation. q/k/v biases
 (Qwen2) have no place in the drafter and are dropped.
+
+`init_from_drafter` then warm-starts from a trained checkpoint: every tensor the checkpoint
+has is copied, and layers beyond its depth keep their initialisation but start with their
+residual outputs (o_proj, down_proj) at zero. A layer whose branches add nothing passes the
+residual stream through, so a deeper drafter starts as exactly the trained one and training
+only has to find what the new layer adds.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig
+from engine.spec.checkpoint import read_drafter_config, read_drafter_state
 from engine.spec.drafter import DSparkDrafter
 
 log = logging.getLogger(__name__)
@@ -79,3 +86,51 @@ def init_from_target(drafter: DSparkDrafter, target: nn.Module, target_config: M
     drafter.fc.weight[:, -hidden:].copy_(torch.eye(hidden))  # the deepest captured layer
     drafter.hidden_norm.weight.copy_(layers[first].input_layernorm.weight)
     return copied
+
+
+# Fields a warm start must share with the checkpoint; num_layers may grow, gamma may change.
+WARM_START_FIELDS = (
+    "target_vocab_size",
+    "target_hidden_size",
+    "target_num_layers",
+    "capture_layers",
+    "markov_rank",
+    "confidence_head",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "intermediate_size",
+    "mask_token_id",
+)
+
+
+@torch.no_grad()
+def init_from_drafter(drafter: DSparkDrafter, checkpoint: str, device: torch.device | str) -> dict[str, Any]:
+    """Copy the trained drafter at `checkpoint` into `drafter` as described in the module doc.
+    Returns what was done, for the run's metadata. Raises ValueError when the two differ in
+    anything but depth (deeper only) and gamma."""
+    cfg = drafter.config
+    source_cfg, _ = read_drafter_config(checkpoint)
+    for field in WARM_START_FIELDS:
+        mine, theirs = getattr(cfg, field), getattr(source_cfg, field)
+        if mine != theirs:
+            raise ValueError(f"init_from {checkpoint}: {field} is {theirs!r} there but {mine!r} here")
+    if source_cfg.num_layers > cfg.num_layers:
+        raise ValueError(
+            f"init_from {checkpoint}: it has {source_cfg.num_layers} layers, more than the {cfg.num_layers} here"
+        )
+    state = read_drafter_state(checkpoint, device, torch.float32)
+    own = drafter.state_dict()
+    for name, tensor in state.items():
+        if name == "kv_proj":  # [num_layers, 2 * kv_size, H]: the checkpoint's layers come first
+            own[name][: tensor.shape[0]].copy_(tensor)
+        elif name not in own or own[name].shape != tensor.shape:
+            raise ValueError(f"init_from {checkpoint}: {name} does not fit this drafter")
+        else:
+            own[name].copy_(tensor)
+    added = list(range(source_cfg.num_layers, cfg.num_layers))
+    for i in added:
+        layer: Any = drafter.layers[i]
+        layer.self_attn.o_proj.weight.zero_()
+        layer.down_proj.weight.zero_()
+    return {"checkpoint": str(checkpoint), "layers_copied": source_cfg.num_layers, "layers_added": added}

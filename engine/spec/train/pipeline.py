@@ -45,9 +45,10 @@ from engine.spec.train.generate import (
     missing_chunks,
     plan_jobs,
 )
-from engine.spec.train.init import init_from_target
+from engine.spec.train.init import init_from_drafter, init_from_target
 from engine.spec.train.prompts import build_prompt_set
 from engine.spec.train.trainer import TrainConfig, Trainer, TrainReport
+from engine.spec.weight_encoding import WeightEncoding, round_trip
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ class RunConfig:
     markov_rank: int = 64
     capture_layers: tuple[int, ...] = ()  # () = default_capture_layers
     init: Literal["target", "random"] = "target"
+    init_from: str | None = None  # a drafter checkpoint to start from (more layers allowed), after `init`
+    weight_encoding: WeightEncoding = "plain"  # how the exported checkpoint stores its matrices
     # data
     num_prompts: int = 6000
     generation: GenerationPlan = GenerationPlan()
@@ -128,9 +131,7 @@ class Budget:
         gen = config.gen_minutes * 60 if config.gen_minutes is not None else (0.35 * total if total else None)
         self.generation = start + gen if gen is not None else None
         reserve = (
-            config.eval_minutes * 60
-            if config.eval_minutes is not None
-            else (min(90.0, 0.1 * total) if total else 0.0)
+            config.eval_minutes * 60 if config.eval_minutes is not None else (min(90.0, 0.1 * total) if total else 0.0)
         )
         self.training = self.end - reserve - SAVE_MARGIN_S if self.end is not None else None
 
@@ -155,9 +156,7 @@ def make_generator(
         except Exception as e:  # the engine may be unavailable on this machine; the dense path always works
             if config.generator == "engine":
                 raise
-            log.warning(
-                "engine.LLM unavailable (%s: %s); generating with the dense sampler", type(e).__name__, e
-            )
+            log.warning("engine.LLM unavailable (%s: %s); generating with the dense sampler", type(e).__name__, e)
     return DenseGenerator(target, target_config, eos, device, max_rows=config.generator_batch)
 
 
@@ -168,27 +167,34 @@ def _free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def served_drafter(drafter: DSparkDrafter, device: torch.device, dtype: torch.dtype) -> DSparkDrafter:
+def served_drafter(
+    drafter: DSparkDrafter, device: torch.device, dtype: torch.dtype, weight_encoding: WeightEncoding = "plain"
+) -> DSparkDrafter:
     """A `dtype` copy of the training drafter on `device`, as `load_drafter` gives it to the
-    engine (weights in `dtype`, RoPE tables fp32, eval mode): what the held-out acceptance is
-    measured on. The fp32 training copy under autocast would mix dtypes in the fused GPU
-    kernels (a bf16 branch output beside an fp32 residual) and is not what ships. The copy
-    still needs `bind_target`."""
+    engine from a checkpoint written with `weight_encoding` (weights in `dtype`, RoPE tables
+    fp32, eval mode): what the held-out acceptance is measured on. The fp32 training copy
+    under autocast would mix dtypes in the fused GPU kernels (a bf16 branch output beside an
+    fp32 residual) and is not what ships. The copy still needs `bind_target`."""
     with torch.device(device):
         copy = DSparkDrafter(drafter.config)
-    copy.load_state_dict(drafter.state_dict())
+    copy.load_state_dict(round_trip(drafter.state_dict(), weight_encoding, dtype))
     copy.requires_grad_(False).to(dtype)
     copy.rotary_emb.cos_sin_cache = copy.rotary_emb.cos_sin_cache.float()
     return copy.eval()
 
 
 def export_drafter(
-    drafter: DSparkDrafter, out: Path, metadata: dict[str, Any], dtype: torch.dtype = torch.bfloat16
+    drafter: DSparkDrafter,
+    out: Path,
+    metadata: dict[str, Any],
+    dtype: torch.dtype = torch.bfloat16,
+    weight_encoding: WeightEncoding = "plain",
 ) -> Path:
-    """Write a `dtype` copy of the drafter's weights (the training copy stays fp32)."""
+    """Write a `dtype` copy of the drafter's weights (the training copy stays fp32), its
+    matrices stored as `weight_encoding` says."""
     copy = DSparkDrafter(drafter.config).to(dtype)
     copy.load_state_dict({k: v.detach().to("cpu", dtype) for k, v in drafter.state_dict().items()})
-    return save_drafter(out, copy, training=metadata)
+    return save_drafter(out, copy, training=metadata, weight_encoding=weight_encoding)
 
 
 def prepare_data(
@@ -315,6 +321,7 @@ def run(config: RunConfig, target_bundle: TargetBundle | None = None) -> RunResu
     with torch.device(device):
         drafter = DSparkDrafter(drafter_config)
     copied = init_from_target(drafter, target, target_config) if config.init == "target" else []
+    warm_start = init_from_drafter(drafter, config.init_from, device) if config.init_from else None
     drafter.bind_target(target.embed, target.compute_logits)  # type: ignore[arg-type]
 
     out = Path(config.out)
@@ -325,13 +332,17 @@ def run(config: RunConfig, target_bundle: TargetBundle | None = None) -> RunResu
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
         "torch": torch.__version__,
         "initialised_from_target_layers": copied,
+        "initialised_from_drafter": warm_start,
+        "weight_encoding": config.weight_encoding,
         "data": {**data_info, **data_summary(sequences)},
         "generation_plan": dataclasses.asdict(config.generation),
         "train_config": dataclasses.asdict(config.train),
     }
 
     def on_checkpoint(d: DSparkDrafter, step: int) -> None:
-        export_drafter(d, out, {**base_meta, "partial": True, "steps_done": step})
+        export_drafter(
+            d, out, {**base_meta, "partial": True, "steps_done": step}, weight_encoding=config.weight_encoding
+        )
 
     trainer = Trainer(
         drafter,
@@ -352,7 +363,7 @@ def run(config: RunConfig, target_bundle: TargetBundle | None = None) -> RunResu
     acceptance = None
     if len(heldout_set):
         t0 = time.monotonic()
-        served = served_drafter(drafter, device, dtype)  # the target's dtype: bf16 on GPU, as served
+        served = served_drafter(drafter, device, dtype, config.weight_encoding)  # as served: bf16 on GPU
         served.bind_target(target.embed, target.compute_logits)  # type: ignore[arg-type]
         acceptance = evaluate_acceptance(
             served,
@@ -373,7 +384,7 @@ def run(config: RunConfig, target_bundle: TargetBundle | None = None) -> RunResu
         "acceptance": acceptance.to_dict() if acceptance else None,
         "timings": timings,
     }
-    export_drafter(drafter, out, metadata)
+    export_drafter(drafter, out, metadata, weight_encoding=config.weight_encoding)
     (work / "report.json").write_text(json.dumps(metadata, indent=2, default=str) + "\n")
     log.info("drafter written to %s (%.1f s in all)", out, timings["total_s"])
     return RunResult(out=out, train=train_report, acceptance=acceptance, metadata=metadata)

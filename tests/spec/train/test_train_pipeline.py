@@ -119,3 +119,30 @@ def test_env_variables_set_options(monkeypatch) -> None:
     args = cli_train.configure_parser(argparse.ArgumentParser()).parse_args([])
     with pytest.raises(ValueError, match="max-minutes"):
         cli_train.run_config(args)
+
+
+def test_cli_warm_starts_a_deeper_drafter_and_writes_int8(hf_target, tmp_path, capsys) -> None:
+    """--init-from a 1-layer checkpoint with --layers 2: the trained layer is kept, the new one
+    starts as an identity; --weight-encoding int8 stores the matrices as int8 that load back."""
+    directory, config = hf_target
+    first, second = tmp_path / "one-layer", tmp_path / "two-layers"
+    model = ["--model", str(directory)]
+    assert cli_train.main(["train-drafter", *model, "--out", str(first), *ARGS]) == 0
+    warm = ["--init-from", str(first), "--layers", "2", "--weight-encoding", "int8"]
+    assert cli_train.main(["train-drafter", *model, "--out", str(second), *ARGS, *warm]) == 0
+    assert "drafter written to" in capsys.readouterr().out
+    drafter_config, training = read_drafter_config(second)
+    assert drafter_config.num_layers == 2 and training["weight_encoding"] == "int8"
+    assert training["initialised_from_drafter"] == {
+        "checkpoint": str(first),
+        "layers_copied": 1,
+        "layers_added": [1],
+    }
+    assert training["acceptance"]["greedy_verifies"] > 0
+    from safetensors import safe_open
+
+    with safe_open(str(second / "drafter.safetensors"), "pt") as f:
+        stored = {k: f.get_tensor(k).dtype for k in f.keys()}  # noqa: SIM118
+    assert stored["fc.weight"] == torch.int8 and stored["norm.weight"] == torch.bfloat16
+    drafter, _ = load_drafter(second, config, "cpu", torch.float32)
+    assert drafter.fc.weight.dtype == torch.float32 and torch.count_nonzero(drafter.layers[1].down_proj.weight) > 0
