@@ -15,6 +15,11 @@ extend_lens[b] - 1`. Keys/values of the new tokens are first written into the pa
 Device tensors may be one step ahead of the host: the host only promises upper bounds
 (`max_seq_len`, `max_extend_len`), which size grids and padded gathers. Nothing here may be
 read back to the host.
+
+Build one per forward. On CPU the torch backend derives its gather ids and masks from a
+metadata object at the first layer and reuses them for every later call with that same
+object, so its tensors must not be rewritten in place meanwhile (CUDA graphs do rewrite
+them between replays; off CPU the torch backend derives them on every call).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from engine.config import RopeScaling
-from engine.kernels import add_rms_norm, rms_norm, rotary_embedding
+from engine.kernels import add_rms_norm, rms_norm
+from engine.kernels.rope import RotaryAngles
 
 
 class RMSNorm(nn.Module):
@@ -136,7 +137,11 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T] int64, q [T, Hq, D], k [T, Hkv, D] (strided views are fine) -> new
         rotated (q, k), same dtypes; the inputs are left as they were."""
-        return rotary_embedding(positions, q, k, self.cos_sin_cache)
+        return self.at(positions)(q, k)
+
+    def at(self, positions: torch.Tensor) -> RotaryAngles:
+        """RoPE at `positions` [T] int64, to apply to every layer of one forward."""
+        return RotaryAngles(positions, self.cos_sin_cache)
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, rope_dim={self.rope_dim}, max_position={self.max_position}"

@@ -24,13 +24,14 @@ from engine.distributed.layers import (
     default_weight_loader,
 )
 from engine.kernels import silu_and_mul
+from engine.kernels.rope import RotaryAngles
 from engine.models.context import ForwardContext
 from engine.models.layers import RMSNorm, RotaryEmbedding
 from engine.models.registry import register_model
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int, rotary_emb: RotaryEmbedding):
+    def __init__(self, config: ModelConfig, layer_id: int):
         super().__init__()
         self.layer_id = layer_id
         self.head_dim = config.head_dim
@@ -46,10 +47,9 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(config.num_heads * config.head_dim, config.hidden_size, bias=False)
         self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        self.rotary_emb = rotary_emb
         self.scale = config.head_dim**-0.5
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, rope: RotaryAngles, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)  # [T, (Hq + 2 Hkv) * D] (this rank's heads)
         q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
@@ -59,7 +59,7 @@ class LlamaAttention(nn.Module):
         v = v.unflatten(-1, (self.num_kv_heads, self.head_dim))  # [T, Hkv, D]
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = rope(q, k)
         out = ctx.attention(self.layer_id, q, k, v, self.scale)  # [T, Hq, D]
         return self.o_proj(out.flatten(1))
 
@@ -82,16 +82,16 @@ class LlamaDecoderLayer(nn.Module):
     previous layer's MLP output `hidden` and the stream `residual` before it was added, and
     returns the same pair. The stream after the layer is `hidden + residual`."""
 
-    def __init__(self, config: ModelConfig, layer_id: int, rotary_emb: RotaryEmbedding):
+    def __init__(self, config: ModelConfig, layer_id: int):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config, layer_id, rotary_emb)
+        self.self_attn = LlamaAttention(config, layer_id)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
 
     def forward(
         self,
-        positions: torch.Tensor,
+        rope: RotaryAngles,  # RoPE at the forward's positions
         hidden: torch.Tensor,  # [T, H]: the previous layer's MLP output, or the embeddings
         residual: torch.Tensor | None,  # [T, H]: the stream before `hidden` joins it; None at layer 0
         ctx: ForwardContext,
@@ -100,7 +100,7 @@ class LlamaDecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm(hidden), hidden
         else:
             hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, ctx)
+        hidden = self.self_attn(rope, hidden, ctx)
         hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -109,7 +109,7 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        # One cos/sin cache shared by every layer.
+        # One cos/sin cache; the forward gathers it at its positions once for every layer.
         self.rotary_emb = RotaryEmbedding(
             config.head_dim,
             config.rope_dim or config.head_dim,
@@ -117,16 +117,15 @@ class LlamaModel(nn.Module):
             config.rope_theta,
             config.rope_scaling,
         )
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, layer_id, self.rotary_emb) for layer_id in range(config.num_layers)
-        )
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, layer_id) for layer_id in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         captured: dict[int, torch.Tensor] = {}
         residual: torch.Tensor | None = None
+        rope = self.rotary_emb.at(positions)
         for layer_id, layer in enumerate(self.layers):
-            hidden, residual = layer(positions, hidden, residual, ctx)
+            hidden, residual = layer(rope, hidden, residual, ctx)
             if layer_id in ctx.capture_layers:
                 # The residual stream after this layer, [T, H]: materialised only here (one add
                 # per captured layer); the next norm adds the same two tensors again, fused.

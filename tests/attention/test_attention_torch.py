@@ -63,6 +63,26 @@ def test_torch_backend_chunked_matches_unchunked(scenario: str, chunk_bytes: int
     torch.testing.assert_close(out_chunked.double(), reference_attention(case), **tolerance(torch.float32))
 
 
+@pytest.mark.parametrize("chunk_bytes", [30_000, 256 << 20])
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_torch_backend_plans_once_per_forward(scenario: str, chunk_bytes: int, seed: int):
+    """One backend through two forwards of two layers each: the plan the first layer makes
+    serves the second bit for bit (with other cache contents), and the next forward's new
+    metadata gets a plan of its own."""
+    backend = TorchAttentionBackend(chunk_bytes=chunk_bytes)
+    plans = []
+    for case in (scenario_case(scenario, seed), scenario_case(scenario, seed + 1)):
+        for scale in (1.0, -0.5):  # another layer: other keys and values
+            layer_case = dataclasses.replace(case, k_cache=case.k_cache * scale, v_cache=case.v_cache * scale)
+            k_cache, v_cache = layer_case.clone_caches()
+            out = backend.forward(case.q, case.k, case.v, k_cache, v_cache, case.meta, case.scale)
+            fresh, _, _ = run_torch(layer_case, chunk_bytes=chunk_bytes)
+            torch.testing.assert_close(out, fresh, atol=0, rtol=0, equal_nan=True)
+            plans.append(backend._plan)
+        torch.testing.assert_close(out.double(), reference_attention(layer_case), **tolerance(torch.float32))
+    assert plans[0] is plans[1] and plans[2] is plans[3] and plans[1] is not plans[2]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_torch_backend_low_precision(dtype: torch.dtype, seed: int):
     case = scenario_case("ragged-causal", seed, num_q_heads=8, num_kv_heads=2, head_dim=64, dtype=dtype)

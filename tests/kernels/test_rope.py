@@ -8,7 +8,7 @@ import torch
 from kernel_cases import DEVICE, DTYPES, assert_rounded_like, randn
 
 from engine.config import RopeScaling
-from engine.kernels.rope import rotary_embedding_torch, rotary_embedding_triton
+from engine.kernels.rope import RotaryAngles, rotary_embedding_torch, rotary_embedding_triton
 from engine.models.layers import RotaryEmbedding
 
 MAX_POSITION = 64
@@ -85,3 +85,43 @@ def test_mismatched_inputs_are_rejected(gen: torch.Generator) -> None:
     q_dims_strided = randn(gen, 2, 4, 2).transpose(1, 2)  # [2, 2, 4], dim stride 2
     with pytest.raises(ValueError, match="contiguous last dim"):
         rotary_embedding_triton(positions, q_dims_strided, randn(gen, 2, 1, 4), cache(4, 4))
+
+
+def rotate_half_textbook(
+    positions: torch.Tensor, x: torch.Tensor, cos_sin: torch.Tensor
+) -> torch.Tensor:  # Hugging Face's apply_rotary_pos_emb, op by op, on the first rope_dim dims
+    rope_dim = cos_sin.shape[-1]
+    cos, sin = cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    x1, x2 = x[..., :rope_dim].chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, x[..., rope_dim:]], dim=-1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("head_dim", "rope_dim"), [(16, 16), (32, 16), (40, 24)])
+def test_torch_rotation_is_the_textbook_formula_bit_for_bit(
+    dtype: torch.dtype, head_dim: int, rope_dim: int, gen: torch.Generator
+) -> None:
+    """The torch path folds rotate_half's sign into its sin table: no rounding may change."""
+    q, k = qkv_views(gen, 6, 6, 2, head_dim, dtype)
+    q, k = q * 40, k * 1e-3  # large and small magnitudes
+    positions = torch.randint(0, MAX_POSITION, (6,), generator=gen).to(DEVICE)
+    cos_sin = cache(head_dim, rope_dim)
+    q_out, k_out = rotary_embedding_torch(positions, q, k, cos_sin)
+    assert torch.equal(q_out, rotate_half_textbook(positions, q, cos_sin))
+    assert torch.equal(k_out, rotate_half_textbook(positions, k, cos_sin))
+
+
+def test_rotary_angles_serve_every_layer_and_dtype(gen: torch.Generator) -> None:
+    """One forward's RotaryAngles, applied by several layers (and in two dtypes), gives each
+    call what a fresh rotation would. On CPU, where its torch path keeps the tables between
+    calls (on GPU it launches the Triton kernel each time, tested above)."""
+    positions = torch.randint(0, MAX_POSITION, (5,), generator=gen)
+    cos_sin = cache(32, 16).cpu()
+    rope = RotaryAngles(positions, cos_sin)
+    for dtype in (torch.bfloat16, torch.float32, torch.bfloat16):
+        q, k = (t.cpu() for t in qkv_views(gen, 5, 4, 2, 32, dtype))
+        q_out, k_out = rope(q, k)
+        q_ref, k_ref = rotary_embedding_torch(positions, q, k, cos_sin)
+        assert torch.equal(q_out, q_ref) and torch.equal(k_out, k_ref)
+    assert set(rope._tables) == {torch.bfloat16, torch.float32}

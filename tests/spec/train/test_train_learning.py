@@ -216,19 +216,20 @@ def test_held_out_evaluation_runs_the_served_bf16_copy(successor_data, monkeypat
     import copy
 
     import engine.models.layers as layers
+    from engine.kernels.rope import RotaryAngles
     from engine.spec.train.pipeline import served_drafter
 
-    rotary, add_norm = layers.rotary_embedding, layers.add_rms_norm
+    rotary, add_norm = RotaryAngles.__call__, layers.add_rms_norm
 
-    def strict_rotary(positions, q, k, cos_sin_cache):
+    def strict_rotary(self, q, k):
         assert q.dtype == k.dtype, f"rotary: q {q.dtype}, k {k.dtype}"
-        return rotary(positions, q, k, cos_sin_cache)
+        return rotary(self, q, k)
 
     def strict_add_norm(x, residual, weight, eps):
         assert x.dtype == residual.dtype, f"add_rms_norm: x {x.dtype}, residual {residual.dtype}"
         return add_norm(x, residual, weight, eps)
 
-    monkeypatch.setattr(layers, "rotary_embedding", strict_rotary)
+    monkeypatch.setattr(RotaryAngles, "__call__", strict_rotary)
     monkeypatch.setattr(layers, "add_rms_norm", strict_add_norm)
     target, seqs = successor_data
     target = copy.deepcopy(target).to(torch.bfloat16)
