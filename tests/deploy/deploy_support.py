@@ -428,8 +428,16 @@ class LivePrometheus:
             stdout=self.log.open("wb"),
             stderr=subprocess.STDOUT,
         )
-        self._wait(lambda: self._get("/-/ready") is not None, 30, "Prometheus to be ready")
+        self._wait(self._is_ready, 60, "Prometheus to be ready")
         return self
+
+    def _is_ready(self) -> bool:
+        """/-/ready answers 503 while the TSDB is still opening and 200 once queries work."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=5) as response:
+                return bool(response.status == 200)
+        except OSError:  # HTTPError (503 while starting) and refused connections alike
+            return False
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
@@ -447,8 +455,10 @@ class LivePrometheus:
         try:
             with urllib.request.urlopen(url, timeout=10) as response:
                 body = response.read()
-        except urllib.error.HTTPError as e:  # Prometheus explains a bad query in a 4xx body
-            body = e.read()
+        except urllib.error.HTTPError as e:
+            if e.code >= 500:  # starting up or overloaded: no answer yet, callers wait or fail
+                return None
+            body = e.read()  # Prometheus explains a bad query in a 4xx JSON body
         except OSError:
             return None
         return json.loads(body) if path.startswith("/api/") else body
