@@ -64,16 +64,25 @@ def gemm_table() -> None:
 
 
 def engine_table() -> None:
-    copies = {kind: load_model("smollm2-135m", dtype=torch.bfloat16, device="cpu", progress=False)
-              for kind in ("dense", "packed")}
+    copies = {
+        kind: load_model("smollm2-135m", dtype=torch.bfloat16, device="cpu", progress=False)
+        for kind in ("dense", "packed")
+    }
     pack = engine_setup.pack_module_weights
     keep_dense: Callable[[torch.nn.Module, torch.dtype], int] = lambda model, dtype: 0  # noqa: E731
 
     def make(kind: str, batch: int, speculative: bool) -> EngineCore:
         engine_setup.pack_module_weights = pack if kind == "packed" else keep_dense  # type: ignore[assignment]
         spec = SpeculativeConfig(drafter=str(shipped_drafter("smollm2-135m"))) if speculative else None
-        config = EngineConfig(model="smollm2-135m", device="cpu", dtype="bfloat16", max_num_seqs=batch,
-                              max_model_len=2048, enable_prefix_cache=False, speculative=spec)
+        config = EngineConfig(
+            model="smollm2-135m",
+            device="cpu",
+            dtype="bfloat16",
+            max_num_seqs=batch,
+            max_model_len=2048,
+            enable_prefix_cache=False,
+            speculative=spec,
+        )
         engine = EngineCore(config, parts=engine_setup.build_engine_parts(config, loaded=copies[kind]))
         engine_setup.pack_module_weights = pack
         for i, prompt in enumerate(prompts_for(copies[kind].tokenizer, batch)):

@@ -41,11 +41,24 @@ from engine.loader.tokenizer import Tokenizer  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 
 LLAMA3_8B = ModelConfig(
-    architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
-    num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
-    rope_scaling=RopeScaling(kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                             original_max_position=8192),
-    max_position=8192, tie_word_embeddings=False, bos_token_id=1, eos_token_ids=(2,))
+    architecture="llama",
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_layers=32,
+    num_heads=32,
+    num_kv_heads=8,
+    head_dim=128,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    rope_scaling=RopeScaling(
+        kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192
+    ),
+    max_position=8192,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_ids=(2,),
+)
 
 
 def word_tokenizer(vocab_size: int) -> Tokenizer:
@@ -88,6 +101,7 @@ def timed(fn: Any) -> float:
 
 # -- sections -------------------------------------------------------------------------------
 
+
 def ceilings() -> dict[str, float]:
     n = 1 << 30  # 2 GiB of bf16 per buffer
     src = torch.randn(n, dtype=torch.bfloat16, device="cuda")
@@ -105,16 +119,17 @@ def ceilings() -> dict[str, float]:
     return {"copy_bytes_per_s": copy_bw, "bf16_flops_per_s": 2 * 8192**3 / statistics.median(mm)}
 
 
-def _decode_rate(engine: EngineCore, batch: int, prompt_len: int, steps: int,
-                 tokens_per_step: int = 1) -> tuple[float, float]:
+def _decode_rate(
+    engine: EngineCore, batch: int, prompt_len: int, steps: int, tokens_per_step: int = 1
+) -> tuple[float, float]:
     """(seconds per decode step, context length at the middle of the timed window). Every
     request runs through the whole window: max_tokens covers `tokens_per_step` per step."""
     gen = torch.Generator().manual_seed(batch)
     for i in range(batch):
         prompt = torch.randint(3, engine.model_config.vocab_size, (prompt_len,), generator=gen).tolist()
-        engine.add_request(f"d{i}", prompt, SamplingParams(max_tokens=(steps + 40) * tokens_per_step,
-                                                           temperature=0.0,
-                                                           ignore_eos=True))
+        engine.add_request(
+            f"d{i}", prompt, SamplingParams(max_tokens=(steps + 40) * tokens_per_step, temperature=0.0, ignore_eos=True)
+        )
     while any(len(r.output_ids) == 0 for r in engine.requests.values()):
         engine.step()
     for _ in range(5):
@@ -141,8 +156,15 @@ def decode(loaded: LoadedModel, ceil: dict[str, float], batches: list[int]) -> l
         engine = engine_for(loaded, max_num_seqs=batch, kv_cache_memory_bytes=24 << 30)
         step_s, ctx = _decode_rate(engine, batch, 512, 64)
         floor_s = (weight_bytes + batch * ctx * kv_bytes_per_token) / ceil["copy_bytes_per_s"]
-        rows.append({"batch": batch, "step_ms": step_s * 1e3, "tokens_per_s": batch / step_s,
-                     "floor_ms": floor_s * 1e3, "x_floor": step_s / floor_s})
+        rows.append(
+            {
+                "batch": batch,
+                "step_ms": step_s * 1e3,
+                "tokens_per_s": batch / step_s,
+                "floor_ms": floor_s * 1e3,
+                "x_floor": step_s / floor_s,
+            }
+        )
         del engine
         gc.collect()
         torch.cuda.empty_cache()
@@ -151,8 +173,9 @@ def decode(loaded: LoadedModel, ceil: dict[str, float], batches: list[int]) -> l
 
 def prefill(loaded: LoadedModel, ceil: dict[str, float], tokens: int = 4096) -> dict[str, Any]:
     cfg = loaded.config
-    engine = engine_for(loaded, max_num_seqs=4, max_num_batched_tokens=tokens, kv_cache_memory_bytes=8 << 30,
-                        max_model_len=2 * tokens)
+    engine = engine_for(
+        loaded, max_num_seqs=4, max_num_batched_tokens=tokens, kv_cache_memory_bytes=8 << 30, max_model_len=2 * tokens
+    )
     gen = torch.Generator().manual_seed(1)
     times = []
     for i in range(4):
@@ -164,18 +187,28 @@ def prefill(loaded: LoadedModel, ceil: dict[str, float], tokens: int = 4096) -> 
     seconds = statistics.median(times[1:])
     params = sum(p.numel() for n, p in loaded.model.named_parameters() if "embed" not in n)
     flops = 2 * params * tokens + 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * tokens * tokens
-    return {"tokens": tokens, "seconds": seconds, "tflops": flops / seconds / 1e12,
-            "fraction_of_matmul_peak": flops / seconds / ceil["bf16_flops_per_s"]}
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tflops": flops / seconds / 1e12,
+        "fraction_of_matmul_peak": flops / seconds / ceil["bf16_flops_per_s"],
+    }
 
 
 def hf_peer(config: ModelConfig, batches: list[int], prompt_len: int = 512, new_tokens: int = 32) -> list[dict]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    hf_config = LlamaConfig(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-                            intermediate_size=config.intermediate_size, num_hidden_layers=config.num_layers,
-                            num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
-                            max_position_embeddings=config.max_position, rope_theta=config.rope_theta,
-                            tie_word_embeddings=False)
+    hf_config = LlamaConfig(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_kv_heads,
+        max_position_embeddings=config.max_position,
+        rope_theta=config.rope_theta,
+        tie_word_embeddings=False,
+    )
     with torch.device("cuda"):
         model = LlamaForCausalLM(hf_config).to(torch.bfloat16).eval()
     rows = []
@@ -212,8 +245,9 @@ def dspark(loaded: LoadedModel, batches: list[int], accept_lens: list[float]) ->
             spec = SpeculativeConfig(drafter=str(tmp), simulate_accept_len=accept)
             engine = engine_for(loaded, max_num_seqs=batch, kv_cache_memory_bytes=24 << 30, speculative=spec)
             step_s, _ = _decode_rate(engine, batch, 512, 24, tokens_per_step=drafter_config.window)
-            rows.append({"batch": batch, "accept_len": accept, "step_ms": step_s * 1e3,
-                         "tokens_per_s": batch * accept / step_s})
+            rows.append(
+                {"batch": batch, "accept_len": accept, "step_ms": step_s * 1e3, "tokens_per_s": batch * accept / step_s}
+            )
             del engine
             gc.collect()
             torch.cuda.empty_cache()
@@ -223,8 +257,9 @@ def dspark(loaded: LoadedModel, batches: list[int], accept_lens: list[float]) ->
 def expansion(loaded: LoadedModel, num_requests: int = 128) -> list[dict[str, Any]]:
     rows = []
     for host_sized in (True, False):
-        engine = engine_for(loaded, max_num_seqs=num_requests, max_num_batched_tokens=8192,
-                            kv_cache_memory_bytes=32 << 30)
+        engine = engine_for(
+            loaded, max_num_seqs=num_requests, max_num_batched_tokens=8192, kv_cache_memory_bytes=32 << 30
+        )
         engine.runner.host_sized_expansion = host_sized
         launch_times: list[float] = []
         launch = engine.runner.launch
@@ -244,16 +279,23 @@ def expansion(loaded: LoadedModel, num_requests: int = 128) -> list[dict[str, An
             for i in range(num_requests):
                 n = int(torch.randint(256, 2048, (1,), generator=gen))
                 prompt = torch.randint(3, loaded.config.vocab_size, (n,), generator=gen).tolist()
-                engine.add_request(f"e{round_}-{i}", prompt, SamplingParams(max_tokens=16, temperature=0.0),
-                                   arrival_s=arrival)
+                engine.add_request(
+                    f"e{round_}-{i}", prompt, SamplingParams(max_tokens=16, temperature=0.0), arrival_s=arrival
+                )
             while engine.has_unfinished_requests():
                 for out in engine.step():
                     if out.request_id not in first and out.new_token_ids:
                         first[out.request_id] = time.perf_counter() - arrival
         ttft = sorted(first.values())
-        rows.append({"output_size": host_sized, "ttft_mean_s": statistics.mean(ttft),
-                     "ttft_p50_s": ttft[len(ttft) // 2], "ttft_p90_s": ttft[int(len(ttft) * 0.9)],
-                     "host_ms_per_launch": 1e3 * statistics.mean(launch_times)})
+        rows.append(
+            {
+                "output_size": host_sized,
+                "ttft_mean_s": statistics.mean(ttft),
+                "ttft_p50_s": ttft[len(ttft) // 2],
+                "ttft_p90_s": ttft[int(len(ttft) * 0.9)],
+                "host_ms_per_launch": 1e3 * statistics.mean(launch_times),
+            }
+        )
         del engine
         gc.collect()
         torch.cuda.empty_cache()
@@ -271,14 +313,23 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     sections = args.sections.split(",")
     batches = [int(b) for b in args.batches.split(",")]
-    results: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                               "date": time.strftime("%Y-%m-%d")}
+    results: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d"),
+    }
     ceil = ceilings()
     results["ceilings"] = ceil
-    print(f"copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceil['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s",
-          flush=True)
-    loaded = LoadedModel(random_model(LLAMA3_8B, torch.bfloat16), LLAMA3_8B, word_tokenizer(LLAMA3_8B.vocab_size),
-                         ModelSource(name="llama3-8b-shaped", kind="hf", path=Path(".")))
+    print(
+        f"copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceil['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s",
+        flush=True,
+    )
+    loaded = LoadedModel(
+        random_model(LLAMA3_8B, torch.bfloat16),
+        LLAMA3_8B,
+        word_tokenizer(LLAMA3_8B.vocab_size),
+        ModelSource(name="llama3-8b-shaped", kind="hf", path=Path(".")),
+    )
 
     def run(name: str, fn: Any) -> None:
         if name not in sections:
@@ -292,8 +343,12 @@ def main() -> None:
 
     run("decode", lambda: decode(loaded, ceil, batches))
     run("prefill", lambda: prefill(loaded, ceil))
-    run("dspark", lambda: dspark(loaded, [int(b) for b in args.dspark_batches.split(",")],
-                                 [float(a) for a in args.accept_lens.split(",")]))
+    run(
+        "dspark",
+        lambda: dspark(
+            loaded, [int(b) for b in args.dspark_batches.split(",")], [float(a) for a in args.accept_lens.split(",")]
+        ),
+    )
     run("expansion", lambda: expansion(loaded))
     if "hf" in sections:
         del loaded

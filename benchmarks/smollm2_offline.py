@@ -56,8 +56,10 @@ from tests.data.spec_prompts import spec_prompt_conversations  # noqa: E402
 
 
 def prompts_for(tokenizer: Any, n: int) -> list[list[int]]:
-    return [tokenizer.encode(tokenizer.apply_chat_template(c, add_generation_prompt=True), add_special_tokens=False)
-            for c in spec_prompt_conversations(n)]
+    return [
+        tokenizer.encode(tokenizer.apply_chat_template(c, add_generation_prompt=True), add_special_tokens=False)
+        for c in spec_prompt_conversations(n)
+    ]
 
 
 def machine_name(device: str) -> str:
@@ -74,8 +76,13 @@ def machine_name(device: str) -> str:
 
 def git_commit() -> str | None:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True, cwd=Path(__file__).parent).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
 
@@ -92,8 +99,12 @@ class WaveTiming:
     decode_seconds: float = 0.0  # from the wave's last first token to its end (engine only)
 
     def __add__(self, other: WaveTiming) -> WaveTiming:
-        return WaveTiming(self.tokens + other.tokens, self.seconds + other.seconds,
-                          self.decode_tokens + other.decode_tokens, self.decode_seconds + other.decode_seconds)
+        return WaveTiming(
+            self.tokens + other.tokens,
+            self.seconds + other.seconds,
+            self.decode_tokens + other.decode_tokens,
+            self.decode_seconds + other.decode_seconds,
+        )
 
 
 def run_engine(engine: EngineCore, prompts: list[list[int]], new_tokens: int) -> WaveTiming:
@@ -124,8 +135,9 @@ def load_hf(model_name: str, device: str, dtype: torch.dtype) -> Any:
     from transformers import AutoModelForCausalLM
 
     source = resolve_model(model_name)
-    model: Any = AutoModelForCausalLM.from_pretrained(str(source.path.parent), gguf_file=source.path.name,
-                                                      torch_dtype=dtype)
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        str(source.path.parent), gguf_file=source.path.name, torch_dtype=dtype
+    )
     return model.to(device).eval()
 
 
@@ -136,8 +148,14 @@ def run_hf(model: Any, prompts: list[list[int]], new_tokens: int, device: str, e
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     with torch.inference_mode():
         start = time.perf_counter()
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
-                             eos_token_id=sorted(eos), pad_token_id=0)
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=sorted(eos),
+            pad_token_id=0,
+        )
         elapsed = time.perf_counter() - start
     return WaveTiming(generated_until_eos(out[:, width:], eos), elapsed)
 
@@ -151,8 +169,12 @@ def main() -> None:
     parser.add_argument("--gammas", default="", help="DSpark block sizes, e.g. 7,4 (default: the drafter's)")
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--min-prompts", type=int, default=8,
-                        help="each batch size runs ceil(N / batch) waves of prompts (batch 1: N one at a time)")
+    parser.add_argument(
+        "--min-prompts",
+        type=int,
+        default=8,
+        help="each batch size runs ceil(N / batch) waves of prompts (batch 1: N one at a time)",
+    )
     parser.add_argument("--out", type=Path)
     parser.add_argument("--skip-hf", action="store_true")
     args = parser.parse_args()
@@ -160,12 +182,18 @@ def main() -> None:
     loaded = load_model(args.model, dtype=dtype, device=args.device, progress=False)
     drafter = args.drafter or shipped_drafter("smollm2-135m")
     gammas: list[int | None] = [int(g) for g in args.gammas.split(",")] if args.gammas else [None]
-    dspark_names = ([] if drafter is None else
-                    ["engine_dspark" if g is None else f"engine_dspark_g{g}" for g in gammas])
-    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "device": args.device, "dtype": str(dtype),
-                               "machine": machine_name(args.device), "commit": git_commit(),
-                               "threads": torch.get_num_threads(), "drafter": str(drafter),
-                               "new_tokens": args.new_tokens, "rows": []}
+    dspark_names = [] if drafter is None else ["engine_dspark" if g is None else f"engine_dspark_g{g}" for g in gammas]
+    results: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "device": args.device,
+        "dtype": str(dtype),
+        "machine": machine_name(args.device),
+        "commit": git_commit(),
+        "threads": torch.get_num_threads(),
+        "drafter": str(drafter),
+        "new_tokens": args.new_tokens,
+        "rows": [],
+    }
     variants: dict[str, SpeculativeConfig | None] = {"engine": None}
     for name, gamma in zip(dspark_names, gammas, strict=True):
         variants[name] = SpeculativeConfig(drafter=str(drafter), gamma=gamma)
@@ -178,14 +206,19 @@ def main() -> None:
         systems: dict[str, Callable[[list[list[int]]], WaveTiming]] = {}
         engines: dict[str, EngineCore] = {}
         for name, spec in variants.items():
-            config = EngineConfig(model=args.model, device=args.device, dtype=str(dtype).removeprefix("torch."),
-                                  max_num_seqs=max(batch, 1),
-                                  max_model_len=2048, enable_prefix_cache=False, speculative=spec)
+            config = EngineConfig(
+                model=args.model,
+                device=args.device,
+                dtype=str(dtype).removeprefix("torch."),
+                max_num_seqs=max(batch, 1),
+                max_model_len=2048,
+                enable_prefix_cache=False,
+                speculative=spec,
+            )
             engines[name] = EngineCore(config, parts=build_engine_parts(config, loaded=loaded))
             systems[name] = partial(run_engine, engines[name], new_tokens=args.new_tokens)
         if hf_model is not None:
-            systems["transformers"] = partial(run_hf, hf_model, new_tokens=args.new_tokens, device=args.device,
-                                              eos=eos)
+            systems["transformers"] = partial(run_hf, hf_model, new_tokens=args.new_tokens, device=args.device, eos=eos)
         for run in systems.values():
             run(waves[0])  # warm-up pass
         before = {name: engine.stats() for name, engine in engines.items()}
@@ -213,19 +246,32 @@ def main() -> None:
             row["engine_vs_transformers"] = row["engine"] / row["transformers"]
         results["rows"].append(row)
         print(json.dumps(row), flush=True)
-    print("\n| batch | engine tok/s (decode only) | transformers tok/s | engine / transformers | "
-          + " | ".join(f"{n.removeprefix('engine_')} tok/s (accept) | {n.removeprefix('engine_')} / engine "
-                       "(decode only)" for n in dspark_names) + " |")
+    print(
+        "\n| batch | engine tok/s (decode only) | transformers tok/s | engine / transformers | "
+        + " | ".join(
+            f"{n.removeprefix('engine_')} tok/s (accept) | {n.removeprefix('engine_')} / engine (decode only)"
+            for n in dspark_names
+        )
+        + " |"
+    )
     print("|---" * (4 + 2 * len(dspark_names)) + "|")
     for r in results["rows"]:
-        cells: list[object] = [f"{r['engine']:.2f} ({r['engine_decode']:.2f})", r.get("transformers"),
-                               r.get("engine_vs_transformers")]
+        cells: list[object] = [
+            f"{r['engine']:.2f} ({r['engine_decode']:.2f})",
+            r.get("transformers"),
+            r.get("engine_vs_transformers"),
+        ]
         cells.insert(0, r["batch"])
         for n in dspark_names:
-            cells += [f"{r[n]:.2f} ({r[f'{n}_accept_len']:.2f})",
-                      f"{r[f'{n}_vs_engine']:.2f} ({r[f'{n}_decode_vs_engine']:.2f})"]
-        print("| " + " | ".join("-" if c is None else (f"{c:.2f}" if isinstance(c, float) else str(c))
-                                for c in cells) + " |")
+            cells += [
+                f"{r[n]:.2f} ({r[f'{n}_accept_len']:.2f})",
+                f"{r[f'{n}_vs_engine']:.2f} ({r[f'{n}_decode_vs_engine']:.2f})",
+            ]
+        print(
+            "| "
+            + " | ".join("-" if c is None else (f"{c:.2f}" if isinstance(c, float) else str(c)) for c in cells)
+            + " |"
+        )
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
 

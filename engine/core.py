@@ -76,8 +76,15 @@ class EngineCore:
 
     # -- requests -------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    arrival_s: float | None = None, *, prefill_only: bool = False) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_s: float | None = None,
+        *,
+        prefill_only: bool = False,
+    ) -> None:
         """Queue a request. Raises ValueError naming the bad field; nothing is queued then."""
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id: must be a non-empty string")
@@ -86,9 +93,14 @@ class EngineCore:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params: must be SamplingParams, got {type(params).__name__}")
         prompt = self._validate_prompt(prompt_token_ids, params)
-        req = Request(request_id=request_id, prompt_ids=prompt, params=params,
-                      arrival_s=time.perf_counter() if arrival_s is None else arrival_s,
-                      rng_key=self._rng_key(params), prefill_only=prefill_only)
+        req = Request(
+            request_id=request_id,
+            prompt_ids=prompt,
+            params=params,
+            arrival_s=time.perf_counter() if arrival_s is None else arrival_s,
+            rng_key=self._rng_key(params),
+            prefill_only=prefill_only,
+        )
         self._outputs.attach(req)
         self.requests[request_id] = req
         self.scheduler.add(req)
@@ -101,15 +113,17 @@ class EngineCore:
             raise ValueError(f"prompt: token ids must be integers in [0, {vocab})")
         n = len(prompt_token_ids)
         if n + 1 > self.max_model_len:
-            raise ValueError(f"prompt: {n} tokens leave no room to generate within the context "
-                             f"length of {self.max_model_len} tokens")
+            raise ValueError(
+                f"prompt: {n} tokens leave no room to generate within the context length of {self.max_model_len} tokens"
+            )
         return list(prompt_token_ids)
 
     def _rng_key(self, params: SamplingParams) -> int:
         return request_key(params.seed, self.config.seed, next(self._key_counter))
 
-    def add_prefill_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                            arrival_s: float | None = None) -> None:
+    def add_prefill_request(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival_s: float | None = None
+    ) -> None:
         """Disaggregated prefill: compute the prompt and sample the first token, then stop.
         step() reports it with finish_reason "handoff"; then `export_kv` or `release_handoff`."""
         self.add_request(request_id, prompt_token_ids, params, arrival_s, prefill_only=True)
@@ -118,10 +132,18 @@ class EngineCore:
         """The handed-off request's KV and state; frees it here (its prefix stays cached)."""
         req = self._handoff_ready(request_id)
         target_kv, draft_kv = self.runner.export_kv(req)
-        handoff = KVHandoff(request_id=request_id, prompt_ids=tuple(req.prompt_ids),
-                            output_ids=tuple(req.output_ids), params=req.params, rng_key=req.rng_key,
-                            kv_len=req.kv_len, target_kv=target_kv, draft_kv=draft_kv,
-                            arrival_s=req.arrival_s, num_cached_tokens=req.prompt_cache_hit)
+        handoff = KVHandoff(
+            request_id=request_id,
+            prompt_ids=tuple(req.prompt_ids),
+            output_ids=tuple(req.output_ids),
+            params=req.params,
+            rng_key=req.rng_key,
+            kv_len=req.kv_len,
+            target_kv=target_kv,
+            draft_kv=draft_kv,
+            arrival_s=req.arrival_s,
+            num_cached_tokens=req.prompt_cache_hit,
+        )
         self._drop_handoff(req)
         return handoff
 
@@ -148,8 +170,13 @@ class EngineCore:
             raise ValueError(f"request_id: {request_id!r} is already running")
         if handoff.kv_len + 1 != len(handoff.prompt_ids) + len(handoff.output_ids):
             raise ValueError("handoff: kv_len must cover every token but the last")
-        req = Request(request_id=request_id, prompt_ids=list(handoff.prompt_ids), params=handoff.params,
-                      arrival_s=handoff.arrival_s, rng_key=handoff.rng_key)
+        req = Request(
+            request_id=request_id,
+            prompt_ids=list(handoff.prompt_ids),
+            params=handoff.params,
+            arrival_s=handoff.arrival_s,
+            rng_key=handoff.rng_key,
+        )
         req.output_ids = list(handoff.output_ids)
         req.prompt_cache_hit = handoff.num_cached_tokens
         self._outputs.attach(req)
@@ -262,17 +289,23 @@ class EngineCore:
         usage = self.kv.usage()
         spec = self.runner.spec_stats
         return EngineStats(
-            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
-            kv_usage_ratio=usage.ratio, kv_used_slots=usage.used_slots, kv_total_slots=usage.total_slots,
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            kv_usage_ratio=usage.ratio,
+            kv_used_slots=usage.used_slots,
+            kv_total_slots=usage.total_slots,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             prefix_cache_hits_total=self.kv.prefix_hits_total,
             prefix_cache_queries_total=self.kv.prefix_queries_total,
-            spec_draft_tokens_total=spec.draft_tokens, spec_accepted_tokens_total=spec.accepted_tokens,
+            spec_draft_tokens_total=spec.draft_tokens,
+            spec_accepted_tokens_total=spec.accepted_tokens,
             spec_verify_steps_total=spec.verify_steps,
             spec_accept_length_counts=tuple(spec.accept_length_counts),
             spec_accepted_per_position=tuple(spec.accepted_per_position),
-            num_preemptions=self.scheduler.num_preemptions, steps_total=self.steps_total)
+            num_preemptions=self.scheduler.num_preemptions,
+            steps_total=self.steps_total,
+        )
 
     def run_until_idle(self) -> Iterator[RequestOutput]:
         while self.has_unfinished_requests():

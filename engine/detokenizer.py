@@ -26,9 +26,7 @@ from typing import Protocol
 #    any text ending in a proper prefix of one of them is held back.
 _REPLACEMENT_CHAR = "\ufffd"
 _CLEANUP_PATTERNS = (" .", " ?", " !", " ,", " ' ", " n't", " 'm", " 's", " 've", " 're")
-_UNSTABLE_SUFFIXES = tuple(
-    sorted({p[:k] for p in _CLEANUP_PATTERNS for k in range(1, len(p))}, key=len, reverse=True)
-)
+_UNSTABLE_SUFFIXES = tuple(sorted({p[:k] for p in _CLEANUP_PATTERNS for k in range(1, len(p))}, key=len, reverse=True))
 
 
 class TokenDecoder(Protocol):

@@ -51,8 +51,14 @@ def resolve_device(name: str) -> torch.device:
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    dtypes = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-              "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    dtypes = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if name not in dtypes:
         raise ValueError(f"dtype: {name!r} is not one of {', '.join(dtypes)} or 'auto'")
     return dtypes[name]
@@ -73,8 +79,13 @@ def build_engine_parts(config: EngineConfig, loaded: LoadedModel | None = None) 
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     if loaded is None:
-        loaded = load_model(config.model, dtype=dtype, device=device, tokenizer=config.tokenizer,
-                            tensor_parallel_size=config.tensor_parallel_size)
+        loaded = load_model(
+            config.model,
+            dtype=dtype,
+            device=device,
+            tokenizer=config.tokenizer,
+            tensor_parallel_size=config.tensor_parallel_size,
+        )
     if device.type == "cpu":
         pack_module_weights(loaded.model, dtype)  # bf16/fp16 on a CPU with the instructions for it
     mc = loaded.config
@@ -82,8 +93,7 @@ def build_engine_parts(config: EngineConfig, loaded: LoadedModel | None = None) 
     # Under tensor parallelism each rank caches its own share of the KV heads.
     local_kv_heads = loaded.model.model.layers[0].self_attn.num_kv_heads  # type: ignore[union-attr,index]
     max_model_len = min(config.max_model_len or mc.max_position, mc.max_position)
-    spec = (build_spec(config.speculative, loaded.name, target, mc, device, dtype)
-            if config.speculative else None)
+    spec = build_spec(config.speculative, loaded.name, target, mc, device, dtype) if config.speculative else None
     if spec is not None and device.type == "cpu":
         pack_module_weights(spec.drafter, dtype)
     step_width = spec.window if spec else 1
@@ -98,21 +108,44 @@ def build_engine_parts(config: EngineConfig, loaded: LoadedModel | None = None) 
     if num_slots < max_context:
         raise ValueError(
             f"kv_cache_memory_bytes: the KV budget holds {num_slots} tokens, fewer than one request "
-            f"of max_model_len {max_model_len}; raise the budget or lower max_model_len")
+            f"of max_model_len {max_model_len}; raise the budget or lower max_model_len"
+        )
 
     kv = KVManager(num_slots, page_size, config.max_num_seqs, max_context, config.enable_prefix_cache, device)
-    scheduler = Scheduler(kv, max_num_seqs=config.max_num_seqs,
-                          max_num_batched_tokens=config.max_num_batched_tokens,
-                          chunked_prefill=config.chunked_prefill, max_model_len=max_model_len,
-                          step_width=step_width)
-    runner = ModelRunner(target, num_layers=mc.num_layers, num_kv_heads=local_kv_heads,
-                         head_dim=mc.head_dim, vocab_size=mc.vocab_size, num_slots=num_slots,
-                         max_rows=config.max_num_seqs, dtype=dtype, device=device,
-                         attention_backend=config.attention_backend, req_to_token=kv.table.device_table,
-                         req_to_token_host=kv.table.host,
-                         spec=spec)
+    scheduler = Scheduler(
+        kv,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        chunked_prefill=config.chunked_prefill,
+        max_model_len=max_model_len,
+        step_width=step_width,
+    )
+    runner = ModelRunner(
+        target,
+        num_layers=mc.num_layers,
+        num_kv_heads=local_kv_heads,
+        head_dim=mc.head_dim,
+        vocab_size=mc.vocab_size,
+        num_slots=num_slots,
+        max_rows=config.max_num_seqs,
+        dtype=dtype,
+        device=device,
+        attention_backend=config.attention_backend,
+        req_to_token=kv.table.device_table,
+        req_to_token_host=kv.table.host,
+        spec=spec,
+    )
     if config.cuda_graphs and device.type == "cuda":
         runner.capture_graphs(config.max_num_seqs, max_context, kv.table.padding_row)
-    return EngineParts(model_name=loaded.name, model_config=mc, tokenizer=loaded.tokenizer,
-                       max_model_len=max_model_len, device=device, dtype=dtype, kv=kv,
-                       scheduler=scheduler, runner=runner, spec=spec)
+    return EngineParts(
+        model_name=loaded.name,
+        model_config=mc,
+        tokenizer=loaded.tokenizer,
+        max_model_len=max_model_len,
+        device=device,
+        dtype=dtype,
+        kv=kv,
+        scheduler=scheduler,
+        runner=runner,
+        spec=spec,
+    )

@@ -17,7 +17,7 @@ Message = dict[str, Any]
 
 
 def speculative_config(speculative: str | SpeculativeConfig | None) -> SpeculativeConfig | None:
-    """"dspark": the drafter that ships with the model; a path: that drafter; None: off."""
+    """ "dspark": the drafter that ships with the model; a path: that drafter; None: off."""
     if speculative is None or isinstance(speculative, SpeculativeConfig):
         return speculative
     if speculative == "dspark":
@@ -26,23 +26,28 @@ def speculative_config(speculative: str | SpeculativeConfig | None) -> Speculati
 
 
 class LLM:
-    def __init__(self, model: str = "smollm2-135m", *, speculative: str | SpeculativeConfig | None = None,
-                 **engine_options: Any) -> None:
+    def __init__(
+        self, model: str = "smollm2-135m", *, speculative: str | SpeculativeConfig | None = None, **engine_options: Any
+    ) -> None:
         self.config = EngineConfig(model=model, speculative=speculative_config(speculative), **engine_options)
         self.engine = EngineCore(self.config)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
-    def generate(self, prompts: Prompt | Sequence[Prompt],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[Completion]:
+    def generate(
+        self, prompts: Prompt | Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None
+    ) -> list[Completion]:
         """Generate for every prompt (text or token ids) together; results in prompt order."""
         prompt_list = self._prompt_list(prompts)
         param_list = self._param_list(params, len(prompt_list))
         ids = [self._add(p, sp) for p, sp in zip(prompt_list, param_list, strict=True)]
         return self._collect(ids)
 
-    def chat(self, messages: Sequence[Message] | Sequence[Sequence[Message]],
-             params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[Completion]:
+    def chat(
+        self,
+        messages: Sequence[Message] | Sequence[Sequence[Message]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[Completion]:
         """One conversation (a list of {"role", "content"}) or several; the model's chat
         template renders each with the assistant prompt appended."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
@@ -85,10 +90,18 @@ class LLM:
     def _completion(request_id: str, prompt: list[int], outs: list[RequestOutput]) -> Completion:
         last = outs[-1]
         logprobs: tuple[TokenLogprob, ...] = tuple(lp for o in outs for lp in o.new_logprobs)
-        return Completion(request_id=request_id, prompt_token_ids=tuple(prompt), token_ids=last.token_ids,
-                          text="".join(o.new_text for o in outs), finish_reason=last.finish_reason,
-                          stop_reason=last.stop_reason, logprobs=logprobs,
-                          num_cached_tokens=last.num_cached_tokens, timings=last.timings, spec=last.spec)
+        return Completion(
+            request_id=request_id,
+            prompt_token_ids=tuple(prompt),
+            token_ids=last.token_ids,
+            text="".join(o.new_text for o in outs),
+            finish_reason=last.finish_reason,
+            stop_reason=last.stop_reason,
+            logprobs=logprobs,
+            num_cached_tokens=last.num_cached_tokens,
+            timings=last.timings,
+            spec=last.spec,
+        )
 
     @staticmethod
     def _prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.config import ModelConfig
-from engine.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from engine.detokenizer import IncrementalDetokenizer, StopStringMatcher, TokenDecoder
 from engine.outputs import RequestOutput, RequestTimings, SpecStats, TokenLogprob
 from engine.request import Request, RequestStatus
 from engine.runner.step_output import StepResult
@@ -29,7 +29,7 @@ class _Stream:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: object, model_config: ModelConfig, max_model_len: int) -> None:
+    def __init__(self, tokenizer: TokenDecoder, model_config: ModelConfig, max_model_len: int) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         eos = set(model_config.eos_token_ids)
@@ -42,9 +42,11 @@ class OutputProcessor:
         token) are context whose text was already shown."""
         params = req.params
         self._streams[req.request_id] = _Stream(
-            detok=IncrementalDetokenizer(self.tokenizer, req.all_ids[-_PROMPT_CONTEXT_TOKENS:],  # type: ignore[arg-type]
-                                         params.skip_special_tokens),
-            stops=StopStringMatcher(params.stop, params.include_stop_str_in_output))
+            detok=IncrementalDetokenizer(
+                self.tokenizer, req.all_ids[-_PROMPT_CONTEXT_TOKENS:], params.skip_special_tokens
+            ),
+            stops=StopStringMatcher(params.stop, params.include_stop_str_in_output),
+        )
 
     def append_tokens(self, req: Request, result: StepResult, row: int, count: int) -> RequestOutput | None:
         """Commit up to `count` tokens of `result` row `row` to `req`, stopping early where a
@@ -63,7 +65,8 @@ class OutputProcessor:
                 stream.new_logprobs.append(self._logprob(result, row, j, params.logprobs))
             n_out = len(req.output_ids)
             if n_out >= params.min_tokens and (
-                    token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids)):
+                token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids)
+            ):
                 self.finish(req, "stop", token)
                 break
             emit, matched = stream.stops.feed(stream.detok.push([token]))
@@ -84,12 +87,13 @@ class OutputProcessor:
         assert result.logprob is not None
         top: tuple[tuple[int, float], ...] = ()
         if top_n and result.top_ids is not None and result.top_logprobs is not None:
-            top = tuple((int(t), float(lp)) for t, lp in
-                        zip(result.top_ids[row, col, :top_n], result.top_logprobs[row, col, :top_n], strict=True))
+            top = tuple(
+                (int(t), float(lp))
+                for t, lp in zip(result.top_ids[row, col, :top_n], result.top_logprobs[row, col, :top_n], strict=True)
+            )
         return TokenLogprob(int(result.tokens[row, col]), float(result.logprob[row, col]), top)
 
-    def finish(self, req: Request, reason: str, stop_reason: str | int | None = None,
-               error: str | None = None) -> None:
+    def finish(self, req: Request, reason: str, stop_reason: str | int | None = None, error: str | None = None) -> None:
         req.finish_reason = reason
         req.stop_reason = stop_reason
         req.error = error
@@ -114,13 +118,20 @@ class OutputProcessor:
         if not (force or req.is_finished or stream.new_ids or text):
             return None
         out = RequestOutput(
-            request_id=req.request_id, new_token_ids=tuple(stream.new_ids), new_text=text,
-            token_ids=tuple(req.output_ids), finished=req.is_finished,
-            finish_reason=req.finish_reason, stop_reason=req.stop_reason, error=req.error,
-            new_logprobs=tuple(stream.new_logprobs), num_prompt_tokens=len(req.prompt_ids),
+            request_id=req.request_id,
+            new_token_ids=tuple(stream.new_ids),
+            new_text=text,
+            token_ids=tuple(req.output_ids),
+            finished=req.is_finished,
+            finish_reason=req.finish_reason,
+            stop_reason=req.stop_reason,
+            error=req.error,
+            new_logprobs=tuple(stream.new_logprobs),
+            num_prompt_tokens=len(req.prompt_ids),
             num_cached_tokens=req.prompt_cache_hit,
             timings=RequestTimings(req.arrival_s, req.first_scheduled_s, req.first_token_s, req.finished_s),
-            spec=SpecStats(req.verify_steps, req.draft_tokens, req.accepted_tokens))
+            spec=SpecStats(req.verify_steps, req.draft_tokens, req.accepted_tokens),
+        )
         stream.new_ids, stream.new_text, stream.new_logprobs = [], [], []
         if req.is_finished:
             del self._streams[req.request_id]

@@ -43,8 +43,16 @@ class ScheduledStep:
 
 
 class Scheduler:
-    def __init__(self, kv: KVManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 chunked_prefill: bool, max_model_len: int, step_width: int) -> None:
+    def __init__(
+        self,
+        kv: KVManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        chunked_prefill: bool,
+        max_model_len: int,
+        step_width: int,
+    ) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.token_budget = max_num_batched_tokens
@@ -107,8 +115,11 @@ class Scheduler:
         """False when the tokens already generated or in flight reach a limit, and for
         prefill-only requests (disaggregated prefill hands them off instead)."""
         produced_lower_bound = len(req.output_ids) + req.inflight_steps
-        return (not req.prefill_only and produced_lower_bound < req.params.max_tokens
-                and self._kv_upper_bound(req) + 1 <= self.max_model_len)
+        return (
+            not req.prefill_only
+            and produced_lower_bound < req.params.max_tokens
+            and self._kv_upper_bound(req) + 1 <= self.max_model_len
+        )
 
     def _kv_upper_bound(self, req: Request) -> int:
         return req.kv_ub
@@ -136,8 +147,7 @@ class Scheduler:
         for req in chosen:
             req.inflight_steps += 1
             req.kv_ub += self.step_width
-        return ScheduledStep("decode", decode=chosen, epochs=[r.epoch for r in chosen],
-                             kv_before=kv_before)
+        return ScheduledStep("decode", decode=chosen, epochs=[r.epoch for r in chosen], kv_before=kv_before)
 
     def _youngest_decoding(self, exclude: list[Request]) -> Request | None:
         for req in reversed(self.decoding):

@@ -16,8 +16,33 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 MetricKind = Literal["histogram", "gauge", "counter"]
 
 # Latency buckets (seconds) from sub-10 ms CPU-free TPOT up to multi-minute e2e on CPUs.
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5,
-                   0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+)
 ACCEPT_LENGTH_BUCKETS = tuple(float(n) for n in range(1, 34))
 
 
@@ -33,26 +58,69 @@ class MetricSpec:
 _ML = ("model", "role")
 
 METRIC_SPECS: tuple[MetricSpec, ...] = (
-    MetricSpec("dspark_time_to_first_token_seconds", "histogram",
-               "Time from the gateway receiving a request to its first content byte sent.", _ML,
-               LATENCY_BUCKETS),
-    MetricSpec("dspark_time_per_output_token_seconds", "histogram",
-               "Per request: (e2e - TTFT) / (output tokens - 1).", _ML, LATENCY_BUCKETS),
-    MetricSpec("dspark_inter_token_latency_seconds", "histogram",
-               "Time between consecutive streamed tokens (per token).", _ML, LATENCY_BUCKETS),
-    MetricSpec("dspark_e2e_request_latency_seconds", "histogram",
-               "Time from arrival to the last byte of the response.", _ML, LATENCY_BUCKETS),
-    MetricSpec("dspark_request_queue_time_seconds", "histogram",
-               "Time from arrival until a worker starts its prefill.", _ML, LATENCY_BUCKETS),
-    MetricSpec("dspark_request_prefill_time_seconds", "histogram",
-               "Time a worker spends on a request's prefill (to its first token).", _ML, LATENCY_BUCKETS),
-    MetricSpec("dspark_kv_transfer_time_seconds", "histogram",
-               "Time to hand a request's KV from the prefill to the decode worker.", _ML, LATENCY_BUCKETS),
-    MetricSpec("dspark_request_decode_time_seconds", "histogram",
-               "Time from the first token to the last.", _ML, LATENCY_BUCKETS),
-    MetricSpec("dspark_spec_accept_length", "histogram",
-               "Tokens committed per DSpark verify (accepted drafts + bonus).", _ML,
-               ACCEPT_LENGTH_BUCKETS),
+    MetricSpec(
+        "dspark_time_to_first_token_seconds",
+        "histogram",
+        "Time from the gateway receiving a request to its first content byte sent.",
+        _ML,
+        LATENCY_BUCKETS,
+    ),
+    MetricSpec(
+        "dspark_time_per_output_token_seconds",
+        "histogram",
+        "Per request: (e2e - TTFT) / (output tokens - 1).",
+        _ML,
+        LATENCY_BUCKETS,
+    ),
+    MetricSpec(
+        "dspark_inter_token_latency_seconds",
+        "histogram",
+        "Time between consecutive streamed tokens (per token).",
+        _ML,
+        LATENCY_BUCKETS,
+    ),
+    MetricSpec(
+        "dspark_e2e_request_latency_seconds",
+        "histogram",
+        "Time from arrival to the last byte of the response.",
+        _ML,
+        LATENCY_BUCKETS,
+    ),
+    MetricSpec(
+        "dspark_request_queue_time_seconds",
+        "histogram",
+        "Time from arrival until a worker starts its prefill.",
+        _ML,
+        LATENCY_BUCKETS,
+    ),
+    MetricSpec(
+        "dspark_request_prefill_time_seconds",
+        "histogram",
+        "Time a worker spends on a request's prefill (to its first token).",
+        _ML,
+        LATENCY_BUCKETS,
+    ),
+    MetricSpec(
+        "dspark_kv_transfer_time_seconds",
+        "histogram",
+        "Time to hand a request's KV from the prefill to the decode worker.",
+        _ML,
+        LATENCY_BUCKETS,
+    ),
+    MetricSpec(
+        "dspark_request_decode_time_seconds",
+        "histogram",
+        "Time from the first token to the last.",
+        _ML,
+        LATENCY_BUCKETS,
+    ),
+    MetricSpec(
+        "dspark_spec_accept_length",
+        "histogram",
+        "Tokens committed per DSpark verify (accepted drafts + bonus).",
+        _ML,
+        ACCEPT_LENGTH_BUCKETS,
+    ),
     MetricSpec("dspark_num_requests_running", "gauge", "Requests being decoded.", _ML),
     MetricSpec("dspark_num_requests_waiting", "gauge", "Requests queued for a worker.", _ML),
     MetricSpec("dspark_kv_cache_usage_ratio", "gauge", "Fraction of KV slots in use (0..1).", _ML),
@@ -60,8 +128,7 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("dspark_prompt_tokens_total", "counter", "Prompt tokens processed.", _ML),
     MetricSpec("dspark_generation_tokens_total", "counter", "Tokens generated.", _ML),
     MetricSpec("dspark_prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache.", _ML),
-    MetricSpec("dspark_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
-               _ML),
+    MetricSpec("dspark_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.", _ML),
     MetricSpec("dspark_spec_draft_tokens_total", "counter", "Tokens drafted by DSpark.", _ML),
     MetricSpec("dspark_spec_accepted_tokens_total", "counter", "Drafted tokens accepted by the target.", _ML),
 )
@@ -85,13 +152,13 @@ class Metrics:
         for spec in METRIC_SPECS:
             if spec.kind == "histogram":
                 metric: Histogram | Gauge | Counter = Histogram(
-                    spec.name, spec.help, spec.labels, buckets=spec.buckets, registry=self.registry)
+                    spec.name, spec.help, spec.labels, buckets=spec.buckets, registry=self.registry
+                )
             elif spec.kind == "gauge":
                 metric = Gauge(spec.name, spec.help, spec.labels, registry=self.registry)
             else:
                 # prometheus_client appends _total itself; give it the bare name.
-                metric = Counter(spec.name.removesuffix("_total"), spec.help, spec.labels,
-                                 registry=self.registry)
+                metric = Counter(spec.name.removesuffix("_total"), spec.help, spec.labels, registry=self.registry)
             self._by_name[spec.name] = metric
 
     def histogram(self, name: str) -> Histogram:

@@ -188,9 +188,7 @@ class Router:
         for replica in replicas:
             self.index.insert(hashes, replica)
 
-    def _pick(
-        self, healthy: Sequence[ReplicaLoad], matches: dict[str, int], pool: str
-    ) -> tuple[ReplicaLoad, int]:
+    def _pick(self, healthy: Sequence[ReplicaLoad], matches: dict[str, int], pool: str) -> tuple[ReplicaLoad, int]:
         available = [r for r in healthy if not r.full]
         if not available:
             raise Overloaded(f"all {len(healthy)} {pool} replicas are at capacity")

@@ -345,10 +345,7 @@ def test_stop_strings_random_against_reference(include: bool) -> None:
     for _ in range(2000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 20)))
         stops = tuple(
-            {
-                "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4)))
-                for _ in range(rng.randint(0, 3))
-            }
+            {"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(0, 3))}
         )
         cuts = sorted(rng.sample(range(len(text) + 1), rng.randint(0, len(text))))
         deltas = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)]

@@ -182,9 +182,7 @@ def _merge_splits_kernel(
         other=0.0,
     )
     o = tl.sum(o * weight[:, None], 0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(
-        out_ptr + token * stride_ot + head * stride_oh + dims, o.to(out_ptr.dtype.element_ty), mask=dim_valid
-    )
+    tl.store(out_ptr + token * stride_ot + head * stride_oh + dims, o.to(out_ptr.dtype.element_ty), mask=dim_valid)
 
 
 @functools.lru_cache(maxsize=8)
@@ -238,9 +236,7 @@ def decode_attention(
         partial_o = partial_lse = q.new_empty(1, dtype=torch.float32)  # placeholder, never touched
         stride_pt = stride_ph = stride_ps = 0
     else:
-        partial_o = torch.empty(
-            num_tokens, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device
-        )
+        partial_o = torch.empty(num_tokens, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         partial_lse = torch.empty(num_tokens, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
         stride_pt, stride_ph, stride_ps = partial_lse.stride()
     precision = "ieee" if q.dtype == torch.float32 else None  # None: the target default (tf32 is not on ROCm)

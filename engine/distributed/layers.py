@@ -93,9 +93,7 @@ class QKVParallelLinear(ColumnParallelLinear):
     fewer KV heads than ranks (GQA), one KV head replicated on `tp / num_kv_heads` ranks.
     Output per rank: `[q (num_heads_per_rank*D) | k (num_kv_heads_per_rank*D) | v (same)]`."""
 
-    def __init__(
-        self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False
-    ):
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False):
         tp = tp_size()
         self.head_dim = head_dim
         self.total_num_heads = num_heads
@@ -104,8 +102,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         if tp >= num_kv_heads:
             if tp % num_kv_heads:
                 raise ValueError(
-                    f"tensor parallel size {tp} exceeds num_kv_heads ({num_kv_heads}) "
-                    "and is not a multiple of it"
+                    f"tensor parallel size {tp} exceeds num_kv_heads ({num_kv_heads}) and is not a multiple of it"
                 )
             self.num_kv_heads = 1
             self.kv_head_start = tp_rank() // (tp // num_kv_heads)

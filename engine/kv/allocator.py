@@ -105,9 +105,7 @@ class SlotAllocator:
 
     def _pages_of_runs(self, slots: np.ndarray) -> np.ndarray:
         if slots.ndim != 1 or slots.size % self.page_size:
-            raise ValueError(
-                f"expected whole pages of {self.page_size} slots, got shape {tuple(slots.shape)}"
-            )
+            raise ValueError(f"expected whole pages of {self.page_size} slots, got shape {tuple(slots.shape)}")
         runs = slots.reshape(-1, self.page_size)
         pages = runs[:, 0] // self.page_size
         if not ((runs[:, 0] >= 0).all() and (pages < self.num_pages).all()):

@@ -31,14 +31,20 @@ class KVUsage:
 
 
 class KVManager:
-    def __init__(self, num_slots: int, page_size: int, max_rows: int, max_context: int,
-                 enable_prefix_cache: bool, device: object) -> None:
+    def __init__(
+        self, num_slots: int, page_size: int, max_rows: int, max_context: int, enable_prefix_cache: bool, device: object
+    ) -> None:
         self.page_size = page_size
         self.allocator = SlotAllocator(num_slots // page_size, page_size)
         self.prefix_cache: RadixCache | NullPrefixCache = (
-            RadixCache(page_size, self.allocator) if enable_prefix_cache else NullPrefixCache())
-        self.table = ReqToTokenTable(max_rows, max_context, device,  # type: ignore[arg-type]
-                                     sink_slot=self.allocator.num_total_slots)
+            RadixCache(page_size, self.allocator) if enable_prefix_cache else NullPrefixCache()
+        )
+        self.table = ReqToTokenTable(
+            max_rows,
+            max_context,
+            device,  # type: ignore[arg-type]
+            sink_slot=self.allocator.num_total_slots,
+        )
         self.prefix_hits_total = 0  # prompt tokens served from the cache
         self.prefix_queries_total = 0  # prompt tokens looked up
 

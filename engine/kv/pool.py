@@ -11,8 +11,15 @@ import torch
 
 
 class KVPool:
-    def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.num_layers = num_layers
         self.num_slots = num_slots
         self.num_kv_heads = num_kv_heads

@@ -311,9 +311,7 @@ class RadixCache:
         new upper node. `node` keeps its identity as the lower part, so handles stay valid."""
         parent = node.parent
         assert parent is not None and 0 < at < node.key.size
-        upper = RadixNode(
-            node.key[:at], node.value[:at], parent, next(self._ids), node.last_access, node.lock_ref
-        )
+        upper = RadixNode(node.key[:at], node.value[:at], parent, next(self._ids), node.last_access, node.lock_ref)
         parent.children[self._page_key(node.key, 0)] = upper
         node.key, node.value, node.parent = node.key[at:], node.value[at:], upper
         upper.children[self._page_key(node.key, 0)] = node

@@ -78,9 +78,7 @@ def open_gguf(path: Path) -> GGUFCheckpoint:
     except Exception as e:  # a truncated or corrupt file
         raise ValueError(f"{path} is not a readable GGUF file: {e}") from e
     architecture = _field(reader, "general.architecture")
-    return GGUFCheckpoint(
-        path=path, reader=reader, architecture=architecture, config=config_from_gguf(reader)
-    )
+    return GGUFCheckpoint(path=path, reader=reader, architecture=architecture, config=config_from_gguf(reader))
 
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:
@@ -219,11 +217,7 @@ def reverse_qk_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     """Undo llama.cpp's `permute` of q/k rows: per head, rows were reordered from
     [first half | second half] to interleaved pairs; put them back. Works for bias vectors too."""
     rows = weight.shape[0]
-    return (
-        weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
-        .transpose(1, 2)
-        .reshape(weight.shape)
-    )
+    return weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
 
 
 def iter_gguf_tensors(ckpt: GGUFCheckpoint) -> Iterator[tuple[str, torch.Tensor]]:

@@ -107,9 +107,7 @@ def config_from_hf_dict(cfg: dict[str, Any], generation: dict[str, Any] | None =
     )
 
 
-def rope_scaling_from_hf(
-    rope: dict[str, Any], max_position_embeddings: int
-) -> tuple[RopeScaling | None, int]:
+def rope_scaling_from_hf(rope: dict[str, Any], max_position_embeddings: int) -> tuple[RopeScaling | None, int]:
     """(RopeScaling or None, the context length the RoPE cache must cover).
 
     yarn and dynamic scaling extend the context to `original * factor`; linear and llama3
@@ -119,9 +117,7 @@ def rope_scaling_from_hf(
     if kind == "default":
         return None, max_position_embeddings
     if kind not in ("linear", "dynamic", "llama3", "yarn"):
-        raise ValueError(
-            f"rope scaling type {kind!r} is not supported (supported: linear, dynamic, llama3, yarn)"
-        )
+        raise ValueError(f"rope scaling type {kind!r} is not supported (supported: linear, dynamic, llama3, yarn)")
     original = int(rope.get("original_max_position_embeddings") or max_position_embeddings)
     if rope.get("factor") is None and kind != "yarn":
         raise ValueError(f"rope_scaling: {kind} scaling needs a factor")

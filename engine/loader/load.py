@@ -68,9 +68,7 @@ def open_checkpoint(source: ModelSource | str) -> Checkpoint:
         gguf = open_gguf(source.path)
         return Checkpoint(source, gguf.config, gguf.num_tensors, lambda: iter_gguf_tensors(gguf))
     files = safetensors_files(source.path)
-    return Checkpoint(
-        source, load_hf_config(source.path), count_safetensors(files), lambda: iter_safetensors(files)
-    )
+    return Checkpoint(source, load_hf_config(source.path), count_safetensors(files), lambda: iter_safetensors(files))
 
 
 @contextlib.contextmanager

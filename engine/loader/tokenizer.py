@@ -33,9 +33,7 @@ class Tokenizer:
         extra_eos_token_ids: Iterable[int] = (),
     ):
         self.hf_tokenizer = hf_tokenizer
-        template = (
-            chat_template if chat_template is not None else getattr(hf_tokenizer, "chat_template", None)
-        )
+        template = chat_template if chat_template is not None else getattr(hf_tokenizer, "chat_template", None)
         if isinstance(template, dict):  # several named templates: use the default one
             template = template.get("default") or next(iter(template.values()), None)
         self.chat_template: str | None = template
@@ -63,8 +61,7 @@ class Tokenizer:
     def from_hf_dir(cls, path: Path, extra_eos_token_ids: Iterable[int] = ()) -> Tokenizer:
         if not ((path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file()):
             raise ModelNotFoundError(
-                f"no tokenizer in {path}: expected tokenizer.json "
-                "(and tokenizer_config.json for the chat template)"
+                f"no tokenizer in {path}: expected tokenizer.json (and tokenizer_config.json for the chat template)"
             )
         from transformers import AutoTokenizer
 
@@ -82,9 +79,7 @@ class Tokenizer:
         except ImportError:  # other transformers versions: the public (slower) path
             from transformers import AutoTokenizer
 
-            hf_tokenizer = AutoTokenizer.from_pretrained(
-                str(path.parent), gguf_file=path.name, local_files_only=True
-            )
+            hf_tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
             return cls(hf_tokenizer, extra_eos_token_ids=extra_eos_token_ids)
         architecture, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(path))
         backend, extra_kwargs = convert_gguf_tokenizer(architecture, tokenizer_dict)
@@ -137,9 +132,7 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> None:
         raise ValueError("messages must not be empty")
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping):
-            raise ValueError(
-                f"messages[{i}] must be an object with role and content, got {type(message).__name__}"
-            )
+            raise ValueError(f"messages[{i}] must be an object with role and content, got {type(message).__name__}")
         role = message.get("role")
         if role not in ROLES:
             raise ValueError(f"messages[{i}].role must be one of {', '.join(ROLES)}; got {role!r}")
@@ -167,9 +160,7 @@ def _compile(template: str) -> Any:
         sort_keys: bool = False,
     ) -> str:
         # Jinja's own tojson escapes HTML characters; templates expect plain JSON.
-        return json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-        )
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     def strftime_now(fmt: str) -> str:
         return datetime.now().strftime(fmt)

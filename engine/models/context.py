@@ -40,8 +40,7 @@ class ForwardContext:
     capture_layers: tuple[int, ...] = ()  # residual stream *after* these layers is captured
     captured: list[torch.Tensor] = field(default_factory=list)  # filled in capture order
 
-    def attention(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  scale: float) -> torch.Tensor:
+    def attention(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         k_cache, v_cache = self.kv.layer(layer_id)
         return self.backend.forward(q, k, v, k_cache, v_cache, self.meta, scale)
 

@@ -53,6 +53,5 @@ def get_model_class(config: ModelConfig) -> type[nn.Module]:
         return _registry[config.architecture]
     except KeyError:
         raise ValueError(
-            f"unsupported model architecture {config.architecture!r}; "
-            f"supported: {', '.join(supported_architectures())}"
+            f"unsupported model architecture {config.architecture!r}; supported: {', '.join(supported_architectures())}"
         ) from None

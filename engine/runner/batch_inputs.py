@@ -23,9 +23,16 @@ class ExtendInputs:
     meta: AttentionMetadata
 
 
-def expand_extend(req_to_token: torch.Tensor, rows: np.ndarray, prefix_lens: np.ndarray,
-                  extend_lens: np.ndarray, device: torch.device, *, causal: bool = True,
-                  host_sized_expansion: bool = True) -> ExtendInputs:
+def expand_extend(
+    req_to_token: torch.Tensor,
+    rows: np.ndarray,
+    prefix_lens: np.ndarray,
+    extend_lens: np.ndarray,
+    device: torch.device,
+    *,
+    causal: bool = True,
+    host_sized_expansion: bool = True,
+) -> ExtendInputs:
     """Ragged extend (prefill chunks): request b computes positions
     [prefix_lens[b], prefix_lens[b] + extend_lens[b])."""
     num_reqs = len(rows)
@@ -44,16 +51,31 @@ def expand_extend(req_to_token: torch.Tensor, rows: np.ndarray, prefix_lens: np.
     positions = prefix_d[token_req].to(torch.int64) + token_offset
     out_slots = req_to_token[rows_d[token_req], positions].to(torch.int64)
     meta = AttentionMetadata(
-        req_to_token=req_to_token, req_rows=rows_d, seq_lens=prefix_d + extend_d,
-        extend_lens=extend_d, q_start=q_start_d, out_slots=out_slots, token_req=token_req,
-        token_offset=token_offset, num_tokens=num_tokens,
-        max_extend_len=int(extend_lens.max()), max_seq_len=int((prefix_lens + extend_lens).max()),
-        causal=causal)
+        req_to_token=req_to_token,
+        req_rows=rows_d,
+        seq_lens=prefix_d + extend_d,
+        extend_lens=extend_d,
+        q_start=q_start_d,
+        out_slots=out_slots,
+        token_req=token_req,
+        token_offset=token_offset,
+        num_tokens=num_tokens,
+        max_extend_len=int(extend_lens.max()),
+        max_seq_len=int((prefix_lens + extend_lens).max()),
+        causal=causal,
+    )
     return ExtendInputs(positions=positions, meta=meta)
 
 
-def uniform_window(req_to_token: torch.Tensor, rows_d: torch.Tensor, start_d: torch.Tensor,
-                   width: int, max_seq_len: int, *, causal: bool) -> ExtendInputs:
+def uniform_window(
+    req_to_token: torch.Tensor,
+    rows_d: torch.Tensor,
+    start_d: torch.Tensor,
+    width: int,
+    max_seq_len: int,
+    *,
+    causal: bool,
+) -> ExtendInputs:
     """Every request computes `width` tokens at positions start[b] + [0, width): decode
     (width 1), the DSpark drafter block (gamma, non-causal) and verify window (W, causal).
     `start_d` may live only on the device; `max_seq_len` is the host's upper bound."""
@@ -64,10 +86,18 @@ def uniform_window(req_to_token: torch.Tensor, rows_d: torch.Tensor, start_d: to
     out_slots = req_to_token[rows_d[:, None], positions_2d].to(torch.int64)  # [B, width]
     extend = torch.full((num_reqs,), width, dtype=torch.int32, device=device)
     meta = AttentionMetadata(
-        req_to_token=req_to_token, req_rows=rows_d, seq_lens=start_d.to(torch.int32) + width,
-        extend_lens=extend, q_start=torch.arange(num_reqs, device=device, dtype=torch.int32) * width,
+        req_to_token=req_to_token,
+        req_rows=rows_d,
+        seq_lens=start_d.to(torch.int32) + width,
+        extend_lens=extend,
+        q_start=torch.arange(num_reqs, device=device, dtype=torch.int32) * width,
         out_slots=out_slots.reshape(-1),
         token_req=torch.arange(num_reqs, device=device).repeat_interleave(width, output_size=num_reqs * width),
-        token_offset=offsets.repeat(num_reqs), num_tokens=num_reqs * width, max_extend_len=width,
-        max_seq_len=max_seq_len, causal=causal, uniform_extend=width)
+        token_offset=offsets.repeat(num_reqs),
+        num_tokens=num_reqs * width,
+        max_extend_len=width,
+        max_seq_len=max_seq_len,
+        causal=causal,
+        uniform_extend=width,
+    )
     return ExtendInputs(positions=positions_2d.reshape(-1), meta=meta)

@@ -25,8 +25,14 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
 
 class GraphedStep:
-    def __init__(self, body: StepBody, max_batch: int, padding_row: int, device: torch.device,
-                 buckets: tuple[int, ...] = DEFAULT_BUCKETS) -> None:
+    def __init__(
+        self,
+        body: StepBody,
+        max_batch: int,
+        padding_row: int,
+        device: torch.device,
+        buckets: tuple[int, ...] = DEFAULT_BUCKETS,
+    ) -> None:
         self.buckets = tuple(b for b in buckets if b <= max_batch)
         if not self.buckets or self.buckets[-1] < max_batch:
             self.buckets = (*self.buckets, max_batch)

@@ -28,10 +28,23 @@ from engine.spec.stats import SpecCounters
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, *, num_layers: int, num_kv_heads: int, head_dim: int,
-                 vocab_size: int, num_slots: int, max_rows: int, dtype: torch.dtype,
-                 device: torch.device, attention_backend: str, req_to_token: torch.Tensor,
-                 req_to_token_host: np.ndarray, spec: SpecSetup | None = None) -> None:
+    def __init__(
+        self,
+        model: CausalLM,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        vocab_size: int,
+        num_slots: int,
+        max_rows: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        attention_backend: str,
+        req_to_token: torch.Tensor,
+        req_to_token_host: np.ndarray,
+        spec: SpecSetup | None = None,
+    ) -> None:
         self.model = model
         self.device = device
         self.dtype = dtype
@@ -71,8 +84,9 @@ class ModelRunner:
         draft = self.spec.draft_pool.read(slots).cpu() if self.spec is not None else None
         return target, draft
 
-    def import_kv(self, req: Request, target_kv: torch.Tensor, draft_kv: torch.Tensor | None, start: int,
-                  last_token: int) -> None:
+    def import_kv(
+        self, req: Request, target_kv: torch.Tensor, draft_kv: torch.Tensor | None, start: int, last_token: int
+    ) -> None:
         """Write handed-off KV for positions [start, req.kv_len) into the request's slots and
         make its last token the next input."""
         slots = to_device(self.req_to_token_host_slots(req, start, req.kv_len), self.device)
@@ -101,9 +115,10 @@ class ModelRunner:
         rows = np.array([c.req.row for c in chunks], dtype=np.int64)
         starts = np.array([c.start for c in chunks], dtype=np.int32)
         ends = np.array([c.end for c in chunks], dtype=np.int32)
-        ids = np.concatenate([np.asarray(c.req.fill_ids[c.start:c.end], dtype=np.int64) for c in chunks])
-        inputs = expand_extend(self.req_to_token, rows, starts, ends - starts, self.device,
-                               host_sized_expansion=self.host_sized_expansion)
+        ids = np.concatenate([np.asarray(c.req.fill_ids[c.start : c.end], dtype=np.int64) for c in chunks])
+        inputs = expand_extend(
+            self.req_to_token, rows, starts, ends - starts, self.device, host_sized_expansion=self.host_sized_expansion
+        )
         ctx = ForwardContext(inputs.meta, self.kv_pool, self.backend, capture_layers=self.capture_layers)
         hidden = self.model(to_device(ids, self.device), inputs.positions, ctx)  # [T, H]
         if self.spec is not None:
@@ -138,8 +153,7 @@ class ModelRunner:
         reqs = step.decode
         rows = np.array([r.row for r in reqs], dtype=np.int64)
         starts = np.array(step.kv_before, dtype=np.int32)  # plain decode: exact positions
-        graphable = all(r.params.greedy and not r.params.uses_penalties and r.params.logprobs is None
-                        for r in reqs)
+        graphable = all(r.params.greedy and not r.params.uses_penalties and r.params.logprobs is None for r in reqs)
         if self.graphs is not None and graphable and self.graphs.bucket_for(len(reqs)) is not None:
             return PendingStep(self.graphs.replay(rows, starts), self.copy_stream)
         rows_d = to_device(rows, self.device)
@@ -151,8 +165,9 @@ class ModelRunner:
             outputs = self._plain_decode(rows_d, starts_d, max_len + 1, reqs)
         return PendingStep(outputs, self.copy_stream)
 
-    def _plain_decode(self, rows_d: torch.Tensor, starts_d: torch.Tensor, max_seq_len: int,
-                      reqs: list[Request]) -> dict[str, torch.Tensor]:
+    def _plain_decode(
+        self, rows_d: torch.Tensor, starts_d: torch.Tensor, max_seq_len: int, reqs: list[Request]
+    ) -> dict[str, torch.Tensor]:
         """One token per row at position starts[b]. `reqs` empty: greedy without penalties
         or logprobs (the captured variant)."""
         inputs = uniform_window(self.req_to_token, rows_d, starts_d, 1, max_seq_len, causal=True)
@@ -178,9 +193,11 @@ class ModelRunner:
             spec = self.spec
 
             def body(rows_d: torch.Tensor, starts_d: torch.Tensor) -> dict[str, torch.Tensor]:
-                return spec.step(rows_d, max_context - 2 * spec.spec.window, [], self.req_to_token,
-                                 self.last_token, self.kv_len)
+                return spec.step(
+                    rows_d, max_context - 2 * spec.spec.window, [], self.req_to_token, self.last_token, self.kv_len
+                )
         else:
+
             def body(rows_d: torch.Tensor, starts_d: torch.Tensor) -> dict[str, torch.Tensor]:
                 return self._plain_decode(rows_d, starts_d, max_context, [])
 

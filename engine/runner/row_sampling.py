@@ -33,8 +33,11 @@ class RowSample:
             return {}
         lp = self.logprobs
         if picked is None:
-            return {"logprob": lp.chosen[:, None], "top_ids": lp.top_ids[:, None],
-                    "top_logprobs": lp.top_logprobs[:, None]}
+            return {
+                "logprob": lp.chosen[:, None],
+                "top_ids": lp.top_ids[:, None],
+                "top_logprobs": lp.top_logprobs[:, None],
+            }
         chosen = lp.chosen.new_zeros((num_rows, 1))
         chosen[picked, 0] = lp.chosen
         top_ids = lp.top_ids.new_zeros((num_rows, 1, lp.top_ids.shape[-1]))
@@ -52,8 +55,7 @@ class RowSampling:
         self.penalties = PenaltyState(max_rows, vocab_size, device)
         self.sampler = Sampler()
 
-    def set_row(self, row: int, params: SamplingParams, key: int, prompt_ids: list[int],
-                output_ids: list[int]) -> None:
+    def set_row(self, row: int, params: SamplingParams, key: int, prompt_ids: list[int], output_ids: list[int]) -> None:
         values = SamplingTensors.from_params([params], [key], self.device, vocab_size=self.vocab_size)
         self.table.write_rows(to_device(np.array([row], dtype=np.int64), self.device), values)
         if params.uses_penalties:
@@ -62,8 +64,9 @@ class RowSampling:
     def batch(self, rows_d: torch.Tensor, reqs: list[Request]) -> SamplingTensors:
         return self.table.gather(rows_d, SamplingFlags.from_params([r.params for r in reqs], self.vocab_size))
 
-    def sample(self, logits: torch.Tensor, rows_d: torch.Tensor, counters: torch.Tensor,
-               reqs: list[Request]) -> RowSample:
+    def sample(
+        self, logits: torch.Tensor, rows_d: torch.Tensor, counters: torch.Tensor, reqs: list[Request]
+    ) -> RowSample:
         """logits [R, V]; counters [R] int64: the position of the token being sampled."""
         st = self.batch(rows_d, reqs)
         result = self.sampler.sample(logits, st, counters, self.penalties, rows_d)
@@ -83,17 +86,31 @@ class RowSampling:
 
     # -- DSpark verify window: W rows per request --------------------------------------------
 
-    def _window(self, logits: torch.Tensor, rows_d: torch.Tensor, drafts: torch.Tensor,
-                reqs: list[Request]) -> tuple[torch.Tensor, SamplingTensors]:
+    def _window(
+        self, logits: torch.Tensor, rows_d: torch.Tensor, drafts: torch.Tensor, reqs: list[Request]
+    ) -> tuple[torch.Tensor, SamplingTensors]:
         """Flatten [B, W, V] to [B*W, V] rows with the penalties each verify row would see:
         row j of a request has already generated d_0 .. d_{j-1} of its block."""
         batch, width, vocab = logits.shape
         rows_w = rows_d.repeat_interleave(width, output_size=batch * width)
         st = self.batch(rows_d, reqs)
-        st_w = SamplingTensors(flags=st.flags, **{
-            name: getattr(st, name).repeat_interleave(width, output_size=batch * width)
-            for name in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
-                         "frequency_penalty", "presence_penalty", "key", "greedy")})
+        st_w = SamplingTensors(
+            flags=st.flags,
+            **{
+                name: getattr(st, name).repeat_interleave(width, output_size=batch * width)
+                for name in (
+                    "temperature",
+                    "top_k",
+                    "top_p",
+                    "min_p",
+                    "repetition_penalty",
+                    "frequency_penalty",
+                    "presence_penalty",
+                    "key",
+                    "greedy",
+                )
+            },
+        )
         flat = logits.reshape(batch * width, vocab).float()
         if not st.flags.any_penalties or not self.penalties.allocated:
             return flat, st_w
@@ -102,26 +119,31 @@ class RowSampling:
         block_counts = block_counts.cumsum(dim=1, dtype=torch.int32)  # [B, W, V]: d_0..d_{j-1}
         return self.penalties.apply(flat, rows_w, st_w, block_counts.view(batch * width, vocab)), st_w
 
-    def penalized(self, logits: torch.Tensor, rows_d: torch.Tensor, drafts: torch.Tensor,
-                  reqs: list[Request]) -> torch.Tensor:
+    def penalized(
+        self, logits: torch.Tensor, rows_d: torch.Tensor, drafts: torch.Tensor, reqs: list[Request]
+    ) -> torch.Tensor:
         """[B, W, V] logits after each verify row's penalties (what greedy takes the argmax of)."""
         flat, _ = self._window(logits, rows_d, drafts, reqs)
         return flat.view(logits.shape)
 
-    def target_probs(self, logits: torch.Tensor, rows_d: torch.Tensor, drafts: torch.Tensor,
-                     reqs: list[Request]) -> torch.Tensor:
+    def target_probs(
+        self, logits: torch.Tensor, rows_d: torch.Tensor, drafts: torch.Tensor, reqs: list[Request]
+    ) -> torch.Tensor:
         """[B, W, V]: the exact law plain sampling would draw each verify row from."""
         flat, st_w = self._window(logits, rows_d, drafts, reqs)
         return processed_probs(flat, st_w).view(logits.shape)
 
-    def logprob_outputs_window(self, logits: torch.Tensor, out_tokens: torch.Tensor,
-                               reqs: list[Request]) -> dict[str, torch.Tensor]:
+    def logprob_outputs_window(
+        self, logits: torch.Tensor, out_tokens: torch.Tensor, reqs: list[Request]
+    ) -> dict[str, torch.Tensor]:
         """Logprobs of the committed tokens [B, W] (-1 padding gets a dummy entry)."""
         requested = [r.params.logprobs for r in reqs if r.params.logprobs is not None]
         if not requested:
             return {}
         batch, width, vocab = logits.shape
-        lp = compute_logprobs(logits.reshape(batch * width, vocab), out_tokens.clamp(min=0).reshape(-1),
-                              max(requested))
-        return {"logprob": lp.chosen.view(batch, width), "top_ids": lp.top_ids.view(batch, width, -1),
-                "top_logprobs": lp.top_logprobs.view(batch, width, -1)}
+        lp = compute_logprobs(logits.reshape(batch * width, vocab), out_tokens.clamp(min=0).reshape(-1), max(requested))
+        return {
+            "logprob": lp.chosen.view(batch, width),
+            "top_ids": lp.top_ids.view(batch, width, -1),
+            "top_logprobs": lp.top_logprobs.view(batch, width, -1),
+        }

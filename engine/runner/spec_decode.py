@@ -27,8 +27,15 @@ _SIMULATE_STREAM = 0x5D_AC_03
 
 
 class SpecDecoder:
-    def __init__(self, spec: SpecSetup, model: CausalLM, target_pool: KVPool, draft_pool: KVPool,
-                 backend: AttentionBackend, sampling: RowSampling) -> None:
+    def __init__(
+        self,
+        spec: SpecSetup,
+        model: CausalLM,
+        target_pool: KVPool,
+        draft_pool: KVPool,
+        backend: AttentionBackend,
+        sampling: RowSampling,
+    ) -> None:
         self.spec = spec
         self.model = model
         self.target_pool = target_pool
@@ -40,8 +47,15 @@ class SpecDecoder:
         """Prefill: every new token's captured hidden becomes draft context KV."""
         self.spec.drafter.inject_kv(aux_hidden, positions, slots, self.draft_pool)
 
-    def step(self, rows_d: torch.Tensor, max_len: int, reqs: list[Request], req_to_token: torch.Tensor,
-             last_token: torch.Tensor, kv_len: torch.Tensor) -> dict[str, torch.Tensor]:
+    def step(
+        self,
+        rows_d: torch.Tensor,
+        max_len: int,
+        reqs: list[Request],
+        req_to_token: torch.Tensor,
+        last_token: torch.Tensor,
+        kv_len: torch.Tensor,
+    ) -> dict[str, torch.Tensor]:
         """Launch draft → verify → accept → commit for the rows `rows_d` [B]; returns the
         fixed-shape device outputs to copy to the host. `max_len` bounds every row's KV
         length (host, one step behind); `last_token` / `kv_len` are the per-row device
@@ -59,14 +73,20 @@ class SpecDecoder:
         block_ctx = ForwardContext(block.meta, self.draft_pool, self.backend)
         temperature = self.sampling.temperature(rows_d)
         keys = self.sampling.keys(rows_d)
-        proposal = self.spec.drafter.propose(anchor, block_ctx, block.positions.view(batch, gamma), temperature,
-                                             keys, seq_lens.to(torch.int64) + 1, any_sampled=not all_greedy)
+        proposal = self.spec.drafter.propose(
+            anchor,
+            block_ctx,
+            block.positions.view(batch, gamma),
+            temperature,
+            keys,
+            seq_lens.to(torch.int64) + 1,
+            any_sampled=not all_greedy,
+        )
         drafts = proposal.draft_tokens  # [B, gamma]
 
         # 2. Verify: the target over [anchor, drafts] at seq_len + [0, W), causal.
         verify = uniform_window(req_to_token, rows_d, seq_lens, width, max_len + width, causal=True)
-        ctx = ForwardContext(verify.meta, self.target_pool, self.backend,
-                             capture_layers=self.spec.capture_layers)
+        ctx = ForwardContext(verify.meta, self.target_pool, self.backend, capture_layers=self.spec.capture_layers)
         verify_ids = torch.cat((anchor[:, None], drafts), dim=1).reshape(-1)  # [B*W]
         hidden = self.model(verify_ids, verify.positions, ctx)  # [B*W, H]
         logits = self.model.compute_logits(hidden).view(batch, width, -1)  # [B, W, V]
@@ -78,8 +98,15 @@ class SpecDecoder:
         else:
             target_probs = self.sampling.target_probs(logits, rows_d, drafts, reqs)  # [B, W, V]
             draft_probs = acc.draft_probs(proposal.draft_logits, temperature)
-            result = acc.accept(drafts, draft_probs, self.sampling.penalized(logits, rows_d, drafts, reqs),
-                                target_probs, keys, counters[:, 0], temperature <= 0)
+            result = acc.accept(
+                drafts,
+                draft_probs,
+                self.sampling.penalized(logits, rows_d, drafts, reqs),
+                target_probs,
+                keys,
+                counters[:, 0],
+                temperature <= 0,
+            )
         out_tokens, accept_len = result.out_tokens, result.accept_len
         if self.spec.simulate_accept_len is not None:
             out_tokens, accept_len = self._simulate(drafts, keys, counters[:, 0])
@@ -96,13 +123,18 @@ class SpecDecoder:
         kv_len[rows_d] = new_len
         self.sampling.record_outputs(rows_d, out_tokens)
 
-        outputs = {"tokens": out_tokens, "accept_len": accept_len, "kv_len": new_len,
-                   "draft_len": torch.full((batch,), gamma, dtype=torch.int32, device=device)}
+        outputs = {
+            "tokens": out_tokens,
+            "accept_len": accept_len,
+            "kv_len": new_len,
+            "draft_len": torch.full((batch,), gamma, dtype=torch.int32, device=device),
+        }
         outputs.update(self.sampling.logprob_outputs_window(logits, out_tokens, reqs))
         return outputs
 
-    def _simulate(self, drafts: torch.Tensor, keys: torch.Tensor,
-                  counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _simulate(
+        self, drafts: torch.Tensor, keys: torch.Tensor, counter: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Benchmark knob: commit a forced number of tokens (mean = simulate_accept_len),
         taking the drafts as if accepted. Output text is meaningless; speed is real."""
         target = float(self.spec.simulate_accept_len or 1.0)

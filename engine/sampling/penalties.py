@@ -58,9 +58,7 @@ class PenaltyState:
             raise ValueError(f"row {row} out of range [0, {self.max_rows})")
         for name, host_list in (("prompt_ids", prompt_ids), ("output_ids", output_ids)):
             if host_list and not 0 <= min(host_list) <= max(host_list) < self.vocab:
-                raise ValueError(
-                    f"{name} must lie in [0, {self.vocab}), got min {min(host_list)} max {max(host_list)}"
-                )
+                raise ValueError(f"{name} must lie in [0, {self.vocab}), got min {min(host_list)} max {max(host_list)}")
         prompt_seen, output_counts = self._allocate()
         prompt_seen[row].zero_()
         output_counts[row].zero_()

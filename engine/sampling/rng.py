@@ -102,9 +102,7 @@ def _row_words(
     return c1, c2, c3, k0, k1
 
 
-def _words_at_blocks(
-    key: torch.Tensor, counter: torch.Tensor, blocks: torch.Tensor, stream: int
-) -> torch.Tensor:
+def _words_at_blocks(key: torch.Tensor, counter: torch.Tensor, blocks: torch.Tensor, stream: int) -> torch.Tensor:
     """[B, J, 4] words of Philox blocks `blocks` ([1, J] or [B, J] int64)."""
     c1, c2, c3, k0, k1 = _row_words(key, counter, stream)
     c0 = blocks.expand(key.shape[0], blocks.shape[-1])

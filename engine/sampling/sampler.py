@@ -38,9 +38,7 @@ class SampleResult:
     logprobs: TokenLogprobs | None = None  # when some row asked for logprobs
 
 
-def sample_from_probs(
-    probs: torch.Tensor, key: torch.Tensor, counter: torch.Tensor, stream: int
-) -> torch.Tensor:
+def sample_from_probs(probs: torch.Tensor, key: torch.Tensor, counter: torch.Tensor, stream: int) -> torch.Tensor:
     """[B] int64 draws from `probs` [B, V] (non-negative, need not sum to 1: a residual
     max(p - q, 0) can go in as is). Row b draws from uniforms (key[b], counter[b], stream)."""
     exponential = rng.exponential(key, counter, probs.shape[-1], stream)  # [B, V]

@@ -73,9 +73,7 @@ def accept_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Ac
     return accept_greedy_from_argmax(draft_tokens, target_logits.argmax(dim=-1))
 
 
-def acceptance_uniforms(
-    key: torch.Tensor, counter: torch.Tensor, gamma: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+def acceptance_uniforms(key: torch.Tensor, counter: torch.Tensor, gamma: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The draws of one sampled acceptance: coin_u [B, gamma] (the accept tests) and
     resample_u [B] (draws the resampled or bonus token)."""
     coin_u = uniform(key, counter, gamma, ACCEPT_COIN_STREAM)
@@ -204,6 +202,4 @@ def commit_slots(window_slots: torch.Tensor, accept_len: torch.Tensor) -> torch.
 
 def _check_window(gamma: int, window: int) -> None:
     if window != gamma + 1:
-        raise ValueError(
-            f"the verify window must hold gamma + 1 = {gamma + 1} rows per request, got {window}"
-        )
+        raise ValueError(f"the verify window must hold gamma + 1 = {gamma + 1} rows per request, got {window}")

@@ -104,18 +104,14 @@ class DrafterConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"DrafterConfig.{name} must be positive, got {getattr(self, name)}")
         if not 1 <= self.num_layers <= MAX_DRAFTER_LAYERS:
-            raise ValueError(
-                f"DrafterConfig.num_layers must be in [1, {MAX_DRAFTER_LAYERS}], got {self.num_layers}"
-            )
+            raise ValueError(f"DrafterConfig.num_layers must be in [1, {MAX_DRAFTER_LAYERS}], got {self.num_layers}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
-                f"DrafterConfig.num_heads ({self.num_heads}) must be a multiple of "
-                f"num_kv_heads ({self.num_kv_heads})"
+                f"DrafterConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
             )
         if not 0 <= self.mask_token_id < self.target_vocab_size:
             raise ValueError(
-                f"DrafterConfig.mask_token_id must be in [0, {self.target_vocab_size}), "
-                f"got {self.mask_token_id}"
+                f"DrafterConfig.mask_token_id must be in [0, {self.target_vocab_size}), got {self.mask_token_id}"
             )
         if list(self.capture_layers) != sorted(set(self.capture_layers)) or not all(
             0 <= i < self.target_num_layers for i in self.capture_layers
@@ -124,12 +120,9 @@ class DrafterConfig:
                 f"DrafterConfig.capture_layers must be distinct increasing ids in "
                 f"[0, {self.target_num_layers}), got {self.capture_layers}"
             )
-        if self.rope_dim is not None and (
-            self.rope_dim <= 0 or self.rope_dim > self.head_dim or self.rope_dim % 2
-        ):
+        if self.rope_dim is not None and (self.rope_dim <= 0 or self.rope_dim > self.head_dim or self.rope_dim % 2):
             raise ValueError(
-                f"DrafterConfig.rope_dim must be even and in (0, head_dim={self.head_dim}], "
-                f"got {self.rope_dim}"
+                f"DrafterConfig.rope_dim must be even and in (0, head_dim={self.head_dim}], got {self.rope_dim}"
             )
         if self.head_dim % 2:
             raise ValueError(f"DrafterConfig.head_dim must be even, got {self.head_dim}")

@@ -151,9 +151,7 @@ def inject_layer_kv_triton(
         raise ValueError(f"cos and sin must share strides, got {cos.stride()} and {sin.stride()}")
     for name, t in (("kv", kv), ("cos", cos), ("sin", sin), ("k_cache", k_cache), ("v_cache", v_cache)):
         if t.stride(-1) != 1:
-            raise ValueError(
-                f"inject_layer_kv_triton: {name} must have a contiguous last dim, strides {t.stride()}"
-            )
+            raise ValueError(f"inject_layer_kv_triton: {name} must have a contiguous last dim, strides {t.stride()}")
     if num_tokens == 0:
         return
     _compiled()[(num_tokens,)](

@@ -41,8 +41,7 @@ class SpecSetup:
         return KVPool.bytes_per_slot(self.config.num_layers, self.config.num_kv_heads, self.config.head_dim, dtype)
 
     def new_pool(self, num_slots: int, dtype: torch.dtype, device: torch.device) -> KVPool:
-        return KVPool(self.config.num_layers, num_slots, self.config.num_kv_heads, self.config.head_dim,
-                      dtype, device)
+        return KVPool(self.config.num_layers, num_slots, self.config.num_kv_heads, self.config.head_dim, dtype, device)
 
 
 def shipped_drafter(model_name: str) -> Path | None:
@@ -51,12 +50,20 @@ def shipped_drafter(model_name: str) -> Path | None:
     return path if (path / "drafter.json").is_file() else None
 
 
-def build_spec(spec: SpeculativeConfig, model_name: str, target: CausalLM, target_config: object,
-               device: torch.device, dtype: torch.dtype) -> SpecSetup:
+def build_spec(
+    spec: SpeculativeConfig,
+    model_name: str,
+    target: CausalLM,
+    target_config: object,
+    device: torch.device,
+    dtype: torch.dtype,
+) -> SpecSetup:
     directory = Path(spec.drafter) if spec.drafter else shipped_drafter(model_name)
     if directory is None:
-        raise ValueError(f"speculative: no drafter ships with {model_name!r}; pass the path of one "
-                         f"(train it with `dspark-serve train-drafter`)")
+        raise ValueError(
+            f"speculative: no drafter ships with {model_name!r}; pass the path of one "
+            f"(train it with `dspark-serve train-drafter`)"
+        )
     drafter, config = load_drafter(directory, target_config, device, dtype)  # type: ignore[arg-type]
     if spec.gamma is not None and spec.gamma != config.gamma:
         config = dataclasses.replace(config, gamma=spec.gamma)

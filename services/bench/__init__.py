@@ -26,33 +26,23 @@ def _levels(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--url", default="http://127.0.0.1:8000", help="server base URL (default: %(default)s)"
-    )
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (default: %(default)s)")
     parser.add_argument("--model", default=None, help="model id (default: the server's first model)")
     parser.add_argument("--api-key", default=None, help="bearer token for the server")
-    parser.add_argument(
-        "--workload", choices=sorted(WORKLOADS), default="agentic", help="(default: %(default)s)"
-    )
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="agentic", help="(default: %(default)s)")
     parser.add_argument("--concurrency", type=_levels, default=(1, 8, 32), help="levels, e.g. 1,8,32")
     bound = parser.add_mutually_exclusive_group()
     bound.add_argument("--duration", type=float, default=None, help="seconds per concurrency level")
     bound.add_argument("--num-requests", type=int, default=None, help="requests per concurrency level")
-    parser.add_argument(
-        "--output-dir", type=Path, default=Path("bench-results"), help="where JSON and PNG go"
-    )
+    parser.add_argument("--output-dir", type=Path, default=Path("bench-results"), help="where JSON and PNG go")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--think-time", type=float, default=0.5, help="agentic: mean seconds between turns")
-    parser.add_argument(
-        "--system-prompt-words", type=int, default=600, help="agentic: shared system prompt size"
-    )
+    parser.add_argument("--system-prompt-words", type=int, default=600, help="agentic: shared system prompt size")
     parser.add_argument("--turns", type=_levels, default=(3, 8), help="agentic: min,max turns per session")
     parser.add_argument("--max-tokens", type=int, default=None, help="override every request's max_tokens")
     parser.add_argument("--input-len", type=int, default=256, help="random: prompt words")
     parser.add_argument("--output-len", type=int, default=128, help="random: output tokens")
-    parser.add_argument(
-        "--ignore-eos", action="store_true", help="random: send ignore_eos (server extension)"
-    )
+    parser.add_argument("--ignore-eos", action="store_true", help="random: send ignore_eos (server extension)")
     parser.add_argument("--request-timeout", type=float, default=600.0)
     parser.add_argument(
         "--temperature",

@@ -58,9 +58,7 @@ async def discover_model(base_url: str, api_key: str | None) -> str:
     return str(models[0]["id"])
 
 
-async def run_level(
-    cfg: RunConfig, workload: Workload, concurrency: int
-) -> tuple[list[RequestResult], float]:
+async def run_level(cfg: RunConfig, workload: Workload, concurrency: int) -> tuple[list[RequestResult], float]:
     results: list[RequestResult] = []
     start = time.perf_counter()
     deadline = start + cfg.duration_s if cfg.duration_s is not None else None

@@ -108,9 +108,7 @@ class _AgenticSession(Session):
                 " Decide the next tool call.",
             }
         )
-        self.think_time_s = (
-            self.rng.expovariate(1.0 / self.cfg.think_time_s) if self.cfg.think_time_s > 0 else 0.0
-        )
+        self.think_time_s = self.rng.expovariate(1.0 / self.cfg.think_time_s) if self.cfg.think_time_s > 0 else 0.0
 
 
 class _SingleTurn(Session):
@@ -157,9 +155,7 @@ class ChatWorkload(Workload):
         low, high = self.cfg.chat_prompt_words
         question = sentences(self.rng, self.rng.randint(low, high)) + " Explain briefly."
         return _SingleTurn(
-            BenchRequest(
-                [{"role": "user", "content": question}], self.cfg.max_tokens or self.cfg.chat_max_tokens
-            )
+            BenchRequest([{"role": "user", "content": question}], self.cfg.max_tokens or self.cfg.chat_max_tokens)
         )
 
 

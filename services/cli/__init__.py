@@ -53,9 +53,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
             command.name,
             help=command.help,
             description=command.description or command.help,
-            formatter_class=argparse.RawDescriptionHelpFormatter
-            if command.description
-            else argparse.HelpFormatter,
+            formatter_class=argparse.RawDescriptionHelpFormatter if command.description else argparse.HelpFormatter,
         )
         command.add_arguments(sub)
         sub.set_defaults(_run=command.run)

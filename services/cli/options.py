@@ -99,24 +99,16 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         help="model alias, Hugging Face directory or GGUF file (default: %(default)s)",
     )
     group.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default: %(default)s)")
-    group.add_argument(
-        "--dtype", default="auto", help="auto, float32, bfloat16, float16 (default: %(default)s)"
-    )
-    group.add_argument(
-        "--max-model-len", type=int, default=None, help="context length (default: the model's)"
-    )
-    group.add_argument(
-        "--max-num-seqs", type=int, default=64, help="requests batched per step (default: %(default)s)"
-    )
+    group.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 (default: %(default)s)")
+    group.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    group.add_argument("--max-num-seqs", type=int, default=64, help="requests batched per step (default: %(default)s)")
     group.add_argument(
         "--max-num-batched-tokens",
         type=int,
         default=2048,
         help="tokens per step, the prefill chunk (default: %(default)s)",
     )
-    group.add_argument(
-        "--page-size", type=int, default=0, help="KV page size, 0 = auto (default: %(default)s)"
-    )
+    group.add_argument("--page-size", type=int, default=0, help="KV page size, 0 = auto (default: %(default)s)")
     group.add_argument("--kv-cache-memory-bytes", type=int, default=0, help="KV pool size, 0 = auto")
     group.add_argument(
         "--prefix-cache",
@@ -133,9 +125,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "batch 16; in float32 a verify window costs several single-token steps: docs/benchmarks.md), "
         "so there it takes `--speculative on`",
     )
-    group.add_argument(
-        "--drafter", default=None, help="drafter checkpoint directory (default: the shipped one)"
-    )
+    group.add_argument("--drafter", default=None, help="drafter checkpoint directory (default: the shipped one)")
     group.add_argument("--gamma", type=int, default=None, help="draft block size (default: the drafter's)")
     group.add_argument("--seed", type=int, default=0, help="engine seed (default: %(default)s)")
     group.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per worker (default: 1)")
@@ -194,12 +184,8 @@ def add_ray_options(parser: argparse.ArgumentParser, *, address_default: str | N
         default=address_default,
         help="Ray cluster to join ('auto': this node's; unset: a new local one; default: %(default)s)",
     )
-    group.add_argument(
-        "--namespace", default="dspark", help="Ray namespace of the workers (default: %(default)s)"
-    )
-    group.add_argument(
-        "--deployment", default="dspark", help="name prefix of the worker actors (default: %(default)s)"
-    )
+    group.add_argument("--namespace", default="dspark", help="Ray namespace of the workers (default: %(default)s)")
+    group.add_argument("--deployment", default="dspark", help="name prefix of the worker actors (default: %(default)s)")
 
 
 def add_worker_options(parser: argparse.ArgumentParser) -> None:
@@ -211,9 +197,7 @@ def add_worker_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="Ray GPUs per worker (default: tensor-parallel-size when a GPU is present, else 0)",
     )
-    group.add_argument(
-        "--torch-threads", type=int, default=0, help="torch threads per worker, 0 = torch's default"
-    )
+    group.add_argument("--torch-threads", type=int, default=0, help="torch threads per worker, 0 = torch's default")
     group.add_argument(
         "--max-restarts",
         type=int,
@@ -235,9 +219,7 @@ def add_worker_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def worker_options_from_args(
-    args: argparse.Namespace, *, detached: bool, pin_to_local_node: bool = False
-) -> Any:
+def worker_options_from_args(args: argparse.Namespace, *, detached: bool, pin_to_local_node: bool = False) -> Any:
     from services.workers.deploy import WorkerOptions
 
     gpus = args.worker_gpus
@@ -280,9 +262,7 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
         default=(),
         help="extra model ids accepted besides the workers' own (comma-separated)",
     )
-    group.add_argument(
-        "--max-body-bytes", type=int, default=8 * 1024 * 1024, help="request body limit (413 above)"
-    )
+    group.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024, help="request body limit (413 above)")
     group.add_argument(
         "--max-queued-per-worker",
         type=int,

@@ -31,9 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sources.add_argument(
         "--metrics-selector", default="", help="extra PromQL label matchers, e.g. 'namespace=\"serving\"'"
     )
-    sources.add_argument(
-        "--window", default="2m", help="rate window of the p95 latencies (default: %(default)s)"
-    )
+    sources.add_argument("--window", default="2m", help="rate window of the p95 latencies (default: %(default)s)")
     sources.add_argument(
         "--kube-namespace", default="default", help="namespace of the RayCluster (default: %(default)s)"
     )
@@ -51,12 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bounds.add_argument("--prefill-max-replicas", type=int, default=4, help="(default: %(default)s)")
     bounds.add_argument("--decode-min-replicas", type=int, default=1, help="(default: %(default)s)")
     bounds.add_argument("--decode-max-replicas", type=int, default=4, help="(default: %(default)s)")
-    bounds.add_argument(
-        "--ttft-target-s", type=float, default=2.0, help="TTFT p95 target (default: %(default)s)"
-    )
-    bounds.add_argument(
-        "--tpot-target-s", type=float, default=0.1, help="TPOT p95 target (default: %(default)s)"
-    )
+    bounds.add_argument("--ttft-target-s", type=float, default=2.0, help="TTFT p95 target (default: %(default)s)")
+    bounds.add_argument("--tpot-target-s", type=float, default=0.1, help="TPOT p95 target (default: %(default)s)")
 
     policy = parser.add_argument_group("policy")
     policy.add_argument(
@@ -89,15 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.5,
         help="KV usage below which a scale-down is allowed (default: %(default)s)",
     )
-    policy.add_argument(
-        "--scale-up-step", type=int, default=1, help="smallest increase (default: %(default)s)"
-    )
-    policy.add_argument(
-        "--scale-down-step", type=int, default=1, help="decrease per step (default: %(default)s)"
-    )
-    policy.add_argument(
-        "--max-step", type=int, default=4, help="largest change per evaluation (default: %(default)s)"
-    )
+    policy.add_argument("--scale-up-step", type=int, default=1, help="smallest increase (default: %(default)s)")
+    policy.add_argument("--scale-down-step", type=int, default=1, help="decrease per step (default: %(default)s)")
+    policy.add_argument("--max-step", type=int, default=4, help="largest change per evaluation (default: %(default)s)")
     policy.add_argument(
         "--scale-up-cooldown-s", type=float, default=60.0, help="between increases (default: %(default)s)"
     )
@@ -144,9 +132,7 @@ def run(args: argparse.Namespace) -> int:
     from services.planner.policy import PlannerState
     from services.planner.prometheus import PrometheusError, PrometheusReader, SignalQueries
 
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = policy_config_from_args(args)
         queries = SignalQueries(model=args.model, selector=args.metrics_selector, window=args.window)
@@ -175,9 +161,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         while True:
             try:
-                _, state = evaluate(
-                    config, reader, scaler, groups, state, time.monotonic(), dry_run=args.dry_run
-                )
+                _, state = evaluate(config, reader, scaler, groups, state, time.monotonic(), dry_run=args.dry_run)
                 failed = False
             except (PrometheusError, RayClusterError) as exc:
                 log.warning("holding: %s", exc)

@@ -30,13 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="one pool of workers that prefill and decode (default: disaggregated)",
     )
     group.add_argument("--workers", type=int, default=1, help="colocated workers (default: %(default)s)")
-    group.add_argument(
-        "--prefill-workers", type=int, default=1, help="prefill workers (default: %(default)s)"
-    )
+    group.add_argument("--prefill-workers", type=int, default=1, help="prefill workers (default: %(default)s)")
     group.add_argument("--decode-workers", type=int, default=1, help="decode workers (default: %(default)s)")
-    group.add_argument(
-        "--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all)"
-    )
+    group.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray cluster (default: all)")
     add_engine_options(parser)
     add_gateway_options(parser)
     add_ray_options(parser, address_default=None)

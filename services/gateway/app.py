@@ -116,9 +116,7 @@ class Gateway:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
-            raise AuthenticationFailed(
-                "You didn't provide an API key. Provide it as 'Authorization: Bearer KEY'."
-            )
+            raise AuthenticationFailed("You didn't provide an API key. Provide it as 'Authorization: Bearer KEY'.")
         token = token.strip()
         if not any(hmac.compare_digest(token.encode(), key.encode()) for key in keys):
             raise AuthenticationFailed("Incorrect API key provided.")
@@ -331,9 +329,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404:
-            return NotFound(
-                f"Unknown endpoint: {request.method} {request.url.path}", code="not_found"
-            ).response()
+            return NotFound(f"Unknown endpoint: {request.method} {request.url.path}", code="not_found").response()
         if exc.status_code == 405:
             error = MethodNotAllowed(
                 f"Method {request.method} is not allowed for {request.url.path}", code="method_not_allowed"

@@ -50,9 +50,7 @@ async def read_json_object(request: Request, limit_bytes: int) -> dict[str, Any]
 
 def _check_strings(value: Any, depth: int) -> None:
     if depth > MAX_DEPTH:
-        raise InvalidRequest(
-            f"The request body is nested deeper than {MAX_DEPTH} levels.", code="invalid_json"
-        )
+        raise InvalidRequest(f"The request body is nested deeper than {MAX_DEPTH} levels.", code="invalid_json")
     if isinstance(value, str):
         _check_text(value)
     elif isinstance(value, dict):

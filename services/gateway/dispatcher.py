@@ -118,9 +118,7 @@ class Dispatcher:
         try:
             route = self.router.route(prompt_token_ids, **self.pool.loads())
         except Overloaded as exc:
-            raise OverloadedError(
-                f"The server is overloaded ({exc}); retry later.", self.retry_after_s
-            ) from None
+            raise OverloadedError(f"The server is overloaded ({exc}); retry later.", self.retry_after_s) from None
         except NoReplicas as exc:
             raise ServiceUnavailable(f"No workers available to serve the request ({exc}).") from None
         disaggregated = route.prefill is not None
@@ -192,11 +190,7 @@ class Dispatcher:
                     if out.num_prompt_tokens:
                         tracked.num_prompt_tokens = out.num_prompt_tokens
                     timings = out.timings
-                    if (
-                        timings
-                        and timings.first_token_s is not None
-                        and timings.first_scheduled_s is not None
-                    ):
+                    if timings and timings.first_token_s is not None and timings.first_scheduled_s is not None:
                         tracked.prefill_s = max(0.0, timings.first_token_s - timings.first_scheduled_s)
                 elif tracked.stage == "transfer" and tracked.decode_start_s is None:
                     tracked.decode_start_s = now

@@ -45,8 +45,7 @@ class ContextLengthExceeded(InvalidRequest):
     def __init__(self, max_model_len: int, prompt_tokens: int, max_tokens: int | None) -> None:
         requested = prompt_tokens + (max_tokens or 0)
         detail = (
-            f"you requested {requested} tokens ({prompt_tokens} in the prompt, {max_tokens} for the "
-            f"completion)"
+            f"you requested {requested} tokens ({prompt_tokens} in the prompt, {max_tokens} for the completion)"
             if max_tokens is not None
             else f"the prompt has {prompt_tokens} tokens"
         )
@@ -93,9 +92,7 @@ class RequestTooLarge(APIError):
     type = "invalid_request_error"
 
     def __init__(self, limit_bytes: int) -> None:
-        super().__init__(
-            f"Request body is larger than the limit of {limit_bytes} bytes.", code="request_too_large"
-        )
+        super().__init__(f"Request body is larger than the limit of {limit_bytes} bytes.", code="request_too_large")
 
 
 class Overloaded(APIError):

@@ -147,9 +147,7 @@ class WorkerPool:
         by_pool: dict[str, list[ReplicaLoad]] = {"colocated": [], "prefill": [], "decode": []}
         for replica in self.replicas.values():
             pool = "colocated" if replica.role == "worker" else replica.role
-            by_pool[pool].append(
-                replica.load(self.config.max_queued_per_worker, self.config.max_inflight_per_worker)
-            )
+            by_pool[pool].append(replica.load(self.config.max_queued_per_worker, self.config.max_inflight_per_worker))
         return by_pool
 
     def healthy(self, role: Role | None = None) -> list[Replica]:

@@ -21,9 +21,7 @@ class Job:
 
 def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int, param: str) -> int:
     if requested is not None and requested < 1:
-        raise InvalidRequest(
-            f"{param}: must be an integer >= 1, got {requested}", param=param, code="invalid_value"
-        )
+        raise InvalidRequest(f"{param}: must be an integer >= 1, got {requested}", param=param, code="invalid_value")
     if prompt_len >= max_model_len or (requested is not None and prompt_len + requested > max_model_len):
         raise ContextLengthExceeded(max_model_len, prompt_len, requested)
     return requested if requested is not None else max_model_len - prompt_len
@@ -67,9 +65,7 @@ def sampling_params(
 
 
 def chat_prompt(req: ChatCompletionRequest, tokenizer: Any) -> list[int]:
-    messages = [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages
-    ]
+    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     except ValueError as exc:
@@ -94,9 +90,7 @@ def chat_jobs(req: ChatCompletionRequest, tokenizer: Any, max_model_len: int) ->
             i,
             0,
             prompt,
-            sampling_params(
-                req, max_tokens=max_tokens, logprobs=logprobs, sample=i, logprobs_param="top_logprobs"
-            ),
+            sampling_params(req, max_tokens=max_tokens, logprobs=logprobs, sample=i, logprobs_param="top_logprobs"),
         )
         for i in range(req.n)
     ]

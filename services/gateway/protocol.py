@@ -117,9 +117,7 @@ def validation_error(exc: ValidationError) -> InvalidRequest:
     first = max(errors, key=lambda e: len(_loc(tuple(e["loc"]))))
     param = _loc(tuple(first["loc"])) or None
     if first["type"] == "missing":
-        return InvalidRequest(
-            f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter"
-        )
+        return InvalidRequest(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
     message = f"{param}: {first['msg']}" if param else first["msg"]
     code = "invalid_type" if "type" in first["type"] else "invalid_value"
     return InvalidRequest(message, param=param, code=code)
@@ -147,9 +145,7 @@ def parse_chat(body: dict[str, Any]) -> ChatCompletionRequest:
             code="unsupported_parameter",
         )
     if request.top_logprobs is not None and not request.logprobs:
-        raise InvalidRequest(
-            "top_logprobs: requires logprobs to be true", param="top_logprobs", code="invalid_value"
-        )
+        raise InvalidRequest("top_logprobs: requires logprobs to be true", param="top_logprobs", code="invalid_value")
     _check_common(request)
     return request
 
@@ -160,13 +156,9 @@ def parse_completion(body: dict[str, Any]) -> CompletionRequest:
     except ValidationError as exc:
         raise validation_error(exc) from None
     if request.suffix:
-        raise InvalidRequest(
-            "suffix: not supported by this server", param="suffix", code="unsupported_parameter"
-        )
+        raise InvalidRequest("suffix: not supported by this server", param="suffix", code="unsupported_parameter")
     if request.best_of is not None and request.best_of != request.n:
-        raise InvalidRequest(
-            "best_of: only best_of == n is supported", param="best_of", code="unsupported_parameter"
-        )
+        raise InvalidRequest("best_of: only best_of == n is supported", param="best_of", code="unsupported_parameter")
     if request.logprobs is not None and not 0 <= request.logprobs <= 5:
         raise InvalidRequest(
             f"logprobs: must be in [0, 5], got {request.logprobs}", param="logprobs", code="invalid_value"

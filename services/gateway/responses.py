@@ -78,16 +78,12 @@ def chat_logprobs(entries: list[TokenLogprob], token_text: TokenText) -> dict[st
         return {"token": text, "logprob": _lp(logprob), "bytes": list(text.encode("utf-8", "replace"))}
 
     return {
-        "content": [
-            {**one(e.token_id, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]} for e in entries
-        ],
+        "content": [{**one(e.token_id, e.logprob), "top_logprobs": [one(t, lp) for t, lp in e.top]} for e in entries],
         "refusal": None,
     }
 
 
-def completion_logprobs(
-    entries: list[TokenLogprob], token_text: TokenText, text_offset: int
-) -> dict[str, Any]:
+def completion_logprobs(entries: list[TokenLogprob], token_text: TokenText, text_offset: int) -> dict[str, Any]:
     tokens, token_logprobs, tops, offsets = [], [], [], []
     offset = text_offset
     for e in entries:

@@ -56,8 +56,7 @@ class GenerationRunner:
     async def run(self, gen: Generation, http_request: Request) -> Response:
         sink: Sink = asyncio.Queue()
         submissions = [
-            (f"{gen.response_id}-{job.index}", job.index, job.prompt_token_ids, job.params)
-            for job in gen.jobs
+            (f"{gen.response_id}-{job.index}", job.index, job.prompt_token_ids, job.params) for job in gen.jobs
         ]
         # a refusal here (400/429/503) propagates; the app counts it with its status
         tracked = await self.dispatcher.submit_all(submissions, sink, gen.timer.arrival_s)

@@ -162,9 +162,7 @@ class RequestMetrics:
         first_role = (model, t.first_role)
         # a request that ended at its first token never left the worker that prefilled it
         decode_role = (model, t.decode_role if t.handoff_s is not None else t.first_role)
-        m.histogram("dspark_request_queue_time_seconds").labels(*first_role).observe(
-            max(0.0, to_first - prefill)
-        )
+        m.histogram("dspark_request_queue_time_seconds").labels(*first_role).observe(max(0.0, to_first - prefill))
         m.histogram("dspark_request_prefill_time_seconds").labels(*first_role).observe(prefill)
         decode_from = t.first_token_s
         if t.handoff_s is not None:

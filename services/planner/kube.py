@@ -58,9 +58,7 @@ class RayClusterScaler:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return dict(
-                self.api.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
-            )
+            return dict(self.api.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name))
         except ApiException as exc:
             raise RayClusterError(
                 f"cannot read RayCluster {self.namespace}/{self.name}: {exc.status} {exc.reason}"
@@ -110,9 +108,7 @@ class RayClusterScaler:
         if not operations:
             return
         try:
-            self.api.patch_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, self.name, operations
-            )
+            self.api.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name, operations)
         except ApiException as exc:
             raise RayClusterError(
                 f"cannot patch RayCluster {self.namespace}/{self.name}: {exc.status} {exc.reason}"

@@ -69,8 +69,7 @@ class PolicyConfig:
             )
         if not 0 <= self.kv_usage_low < self.kv_usage_high <= 1:
             raise ValueError(
-                f"need 0 <= kv_usage_low < kv_usage_high <= 1, got {self.kv_usage_low} "
-                f"and {self.kv_usage_high}"
+                f"need 0 <= kv_usage_low < kv_usage_high <= 1, got {self.kv_usage_low} and {self.kv_usage_high}"
             )
         if not 1 <= self.scale_up_step <= self.max_step or not 1 <= self.scale_down_step <= self.max_step:
             raise ValueError(
@@ -210,9 +209,7 @@ def _decide_group(
     calm_for_s = now_s - calm_since_s
     if calm_for_s < config.scale_down_cooldown_s:
         wait_s = config.scale_down_cooldown_s - calm_for_s
-        return Decision(
-            role, current, current, f"{calm_reason}; scale-down cool-down {wait_s:.0f}s left"
-        ), calm_state
+        return Decision(role, current, current, f"{calm_reason}; scale-down cool-down {wait_s:.0f}s left"), calm_state
     target = limits.clamp(current - config.scale_down_step)
     return Decision(role, current, target, calm_reason), _after_change(state, now_s, up=False)
 

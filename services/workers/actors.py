@@ -83,14 +83,10 @@ class _EngineWorker:
     ) -> Ack:
         import asyncio
 
-        future = self._loop.add_request(
-            consumer, request_id, prompt_token_ids, params, prefill_only=prefill_only
-        )
+        future = self._loop.add_request(consumer, request_id, prompt_token_ids, params, prefill_only=prefill_only)
         return await asyncio.wrap_future(future)
 
-    async def receive_kv(
-        self, consumer: str, request_id: str, ticket: TransferTicket, timeout_s: float
-    ) -> Ack:
+    async def receive_kv(self, consumer: str, request_id: str, ticket: TransferTicket, timeout_s: float) -> Ack:
         return await self._loop.receive_kv(consumer, request_id, ticket, timeout_s)
 
     async def abort(self, request_ids: list[str]) -> None:

@@ -150,9 +150,7 @@ class LocalWorkerClient(WorkerClient):
         timeout_s: float,
     ) -> Ack:
         self._check()
-        future = self.loop.add_request(
-            consumer, request_id, prompt_token_ids, params, prefill_only=prefill_only
-        )
+        future = self.loop.add_request(consumer, request_id, prompt_token_ids, params, prefill_only=prefill_only)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
         except asyncio.TimeoutError as exc:

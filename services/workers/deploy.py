@@ -104,9 +104,7 @@ def spawn_workers(
     return handles
 
 
-def wait_ready(
-    handles: dict[str, Any], timeout_s: float, on_ready: Callable[[str], None] | None = None
-) -> None:
+def wait_ready(handles: dict[str, Any], timeout_s: float, on_ready: Callable[[str], None] | None = None) -> None:
     """Block until every actor has loaded its model; raises TimeoutError or the actor's error."""
     pending = {handle.ping.remote(): name for name, handle in handles.items()}
     deadline = time.monotonic() + timeout_s

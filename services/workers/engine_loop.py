@@ -128,9 +128,7 @@ class EngineLoop:
         arrival = time.perf_counter() if arrival_s is None else arrival_s
         prompt = list(prompt_token_ids)
         self.outbox.touch(consumer)
-        self._submit(
-            lambda: self._do_add(future, consumer, request_id, prompt, params, prefill_only, arrival)
-        )
+        self._submit(lambda: self._do_add(future, consumer, request_id, prompt, params, prefill_only, arrival))
         return future
 
     def abort(self, request_ids: Sequence[str]) -> None:
@@ -141,9 +139,7 @@ class EngineLoop:
                     self._receive_cancelled.add(rid)
         self._submit(lambda: self._do_abort(ids))
 
-    async def receive_kv(
-        self, consumer: str, request_id: str, ticket: TransferTicket, timeout_s: float
-    ) -> Ack:
+    async def receive_kv(self, consumer: str, request_id: str, ticket: TransferTicket, timeout_s: float) -> Ack:
         """Fetch a hand-off and install it in the engine; the decode continues on this worker."""
         start = time.perf_counter()
         if self.fatal_error is not None:
@@ -218,9 +214,7 @@ class EngineLoop:
         now = time.monotonic()
         if force or now - self._last_stats_s >= self._stats_every_s:
             self._last_stats_s = now
-            self._stats = StatsSnapshot(
-                self.instance_id, self.engine.stats(), self.outbox.num_consumers(), True
-            )
+            self._stats = StatsSnapshot(self.instance_id, self.engine.stats(), self.outbox.num_consumers(), True)
 
     def _do_add(
         self,

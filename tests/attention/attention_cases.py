@@ -103,9 +103,7 @@ def make_case(
     for b, seq in enumerate(seq_lens):
         pages = [page_order.pop() for _ in range(math.ceil(seq / page_size))]
         positions = torch.arange(seq)
-        slots = (
-            torch.tensor(pages, dtype=torch.int64)[positions // page_size] * page_size + positions % page_size
-        )
+        slots = torch.tensor(pages, dtype=torch.int64)[positions // page_size] * page_size + positions % page_size
         req_to_token[req_rows[b], :seq] = slots.to(torch.int32)
 
     k_cache = torch.full((num_slots + 1, num_kv_heads, head_dim), float("nan"), dtype=torch.float32)
@@ -117,12 +115,8 @@ def make_case(
 
     num_tokens = sum(extend_lens)
     q_start = torch.tensor([0] + extend_lens[:-1], dtype=torch.int64).cumsum(0)
-    token_req = torch.repeat_interleave(
-        torch.arange(batch), torch.tensor(extend_lens), output_size=num_tokens
-    )
-    token_offset = (
-        torch.arange(num_tokens) - q_start[token_req] if num_tokens else torch.zeros(0, dtype=torch.int64)
-    )
+    token_req = torch.repeat_interleave(torch.arange(batch), torch.tensor(extend_lens), output_size=num_tokens)
+    token_offset = torch.arange(num_tokens) - q_start[token_req] if num_tokens else torch.zeros(0, dtype=torch.int64)
     token_prefix = torch.tensor(prefix_lens, dtype=torch.int64)[token_req]
     out_slots = req_to_token[req_rows[token_req], token_prefix + token_offset].long()
     skipped = torch.rand(num_tokens, generator=gen) < skip_fraction

@@ -76,9 +76,7 @@ def check(case, out: torch.Tensor) -> None:
     assert not out.isnan().any(), "a row was not written (or read a poisoned key)"
     torch.testing.assert_close(out.double(), reference_attention(case), **tolerance(case.q.dtype))
     k_cache, v_cache = stored(case)
-    torch_out = TorchAttentionBackend().forward(
-        case.q, case.k, case.v, k_cache, v_cache, case.meta, case.scale
-    )
+    torch_out = TorchAttentionBackend().forward(case.q, case.k, case.v, k_cache, v_cache, case.meta, case.scale)
     torch.testing.assert_close(out, torch_out, **tolerance(case.q.dtype))
 
 
@@ -86,13 +84,9 @@ def poisoned(case) -> torch.Tensor:
     return torch.full_like(case.q, float("nan"))
 
 
-@pytest.mark.parametrize(
-    ("page_size", "dtype"), [(1, torch.float32), (16, torch.float32), (16, torch.bfloat16)]
-)
+@pytest.mark.parametrize(("page_size", "dtype"), [(1, torch.float32), (16, torch.float32), (16, torch.bfloat16)])
 def test_store_kv_triton(page_size: int, dtype: torch.dtype, seed: int):
-    case = scenario_case(
-        "ragged-causal", seed, num_q_heads=6, num_kv_heads=3, page_size=page_size, dtype=dtype
-    )
+    case = scenario_case("ragged-causal", seed, num_q_heads=6, num_kv_heads=3, page_size=page_size, dtype=dtype)
     k_cache, v_cache = case.clone_caches()
     sink_k = k_cache[-1].clone()
     store_kv_module.store_kv_triton(case.k, case.v, k_cache, v_cache, case.meta.out_slots)
@@ -119,9 +113,7 @@ def test_store_kv_triton(page_size: int, dtype: torch.dtype, seed: int):
 def test_split_kv_kernel(scenario: str, group: int, page_size: int, num_splits: int | None, seed: int):
     hq, hkv = GQA[group]
     max_len = 12 if scenario.startswith("ragged") else 32  # every request's rows in one tile
-    case = scenario_case(
-        scenario, seed, num_q_heads=hq, num_kv_heads=hkv, page_size=page_size, max_len=max_len
-    )
+    case = scenario_case(scenario, seed, num_q_heads=hq, num_kv_heads=hkv, page_size=page_size, max_len=max_len)
     assert triton_decode.split_kv_rows(case.meta, group) <= triton_decode.MAX_ROWS
     k_cache, v_cache = stored(case)
     out = poisoned(case)
@@ -149,26 +141,18 @@ def test_extend_kernel(scenario: str, group: int, page_size: int, seed: int):
     case = scenario_case(scenario, seed, num_q_heads=hq, num_kv_heads=hkv, page_size=page_size)
     k_cache, v_cache = stored(case)
     out = poisoned(case)
-    triton_extend.extend_attention(
-        case.q, k_cache, v_cache, case.meta, case.scale, out, block_m=16, block_n=16
-    )
+    triton_extend.extend_attention(case.q, k_cache, v_cache, case.meta, case.scale, out, block_m=16, block_n=16)
     check(case, out)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128, 48])  # 48: a padded (non power of two) tile
 def test_kernels_real_head_dims(head_dim: int, seed: int):
-    case = make_case(
-        seed, [9, 1, 4], [0, 20, 6], num_q_heads=4, num_kv_heads=1, head_dim=head_dim, page_size=16
-    )
+    case = make_case(seed, [9, 1, 4], [0, 20, 6], num_q_heads=4, num_kv_heads=1, head_dim=head_dim, page_size=16)
     k_cache, v_cache = stored(case)
     out = poisoned(case)
-    triton_extend.extend_attention(
-        case.q, k_cache, v_cache, case.meta, case.scale, out, block_m=16, block_n=16
-    )
+    triton_extend.extend_attention(case.q, k_cache, v_cache, case.meta, case.scale, out, block_m=16, block_n=16)
     check(case, out)
-    decode = make_case(
-        seed + 1, [1, 1], [30, 3], num_q_heads=4, num_kv_heads=1, head_dim=head_dim, uniform=True
-    )
+    decode = make_case(seed + 1, [1, 1], [30, 3], num_q_heads=4, num_kv_heads=1, head_dim=head_dim, uniform=True)
     k_cache, v_cache = stored(decode)
     out = poisoned(decode)
     triton_decode.decode_attention(decode.q, k_cache, v_cache, decode.meta, decode.scale, out, num_splits=2)
@@ -197,12 +181,8 @@ def test_empty_request_rows_are_zero(seed: int):
     case.meta.out_slots[1] = -1
     k_cache, v_cache = stored(case)
     for run in (
-        lambda out: triton_decode.decode_attention(
-            case.q, k_cache, v_cache, case.meta, case.scale, out, num_splits=1
-        ),
-        lambda out: triton_decode.decode_attention(
-            case.q, k_cache, v_cache, case.meta, case.scale, out, num_splits=2
-        ),
+        lambda out: triton_decode.decode_attention(case.q, k_cache, v_cache, case.meta, case.scale, out, num_splits=1),
+        lambda out: triton_decode.decode_attention(case.q, k_cache, v_cache, case.meta, case.scale, out, num_splits=2),
         lambda out: triton_extend.extend_attention(case.q, k_cache, v_cache, case.meta, case.scale, out),
     ):
         out = run(poisoned(case))

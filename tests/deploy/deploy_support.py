@@ -112,9 +112,7 @@ def objects(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 def one(docs: list[dict[str, Any]], kind: str, name_suffix: str = "") -> dict[str, Any]:
     found = [d for d in objects(docs, kind) if d["metadata"]["name"].endswith(name_suffix)]
-    assert len(found) == 1, (
-        f"expected one {kind} named *{name_suffix}, found {[d['metadata']['name'] for d in found]}"
-    )
+    assert len(found) == 1, f"expected one {kind} named *{name_suffix}, found {[d['metadata']['name'] for d in found]}"
     return found[0]
 
 
@@ -244,9 +242,7 @@ def crd_validators() -> dict[tuple[str, str], jsonschema.Draft7Validator]:
 def crd_errors(doc: dict[str, Any]) -> list[str]:
     validator = crd_validators().get((doc["apiVersion"], doc["kind"]))
     assert validator is not None, f"no vendored CRD schema for {doc['apiVersion']} {doc['kind']}"
-    return [
-        f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in validator.iter_errors(doc)
-    ]
+    return [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in validator.iter_errors(doc)]
 
 
 # --- PromQL -----------------------------------------------------------------------------------

@@ -53,9 +53,7 @@ def test_role_blocks_override_defaults_and_leave_the_other_role_alone() -> None:
                                 {
                                     "weight": 1,
                                     "preference": {
-                                        "matchExpressions": [
-                                            {"key": "zone", "operator": "In", "values": ["a"]}
-                                        ]
+                                        "matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]
                                     },
                                 }
                             ]
@@ -285,11 +283,7 @@ def test_planner_off_removes_its_objects() -> None:
 
 def test_dashboards_off_removes_the_configmaps() -> None:
     def dashboards(docs: list[dict[str, Any]]) -> list[str]:
-        return [
-            d["metadata"]["name"]
-            for d in ds.objects(docs, "ConfigMap")
-            if "-dashboard-" in d["metadata"]["name"]
-        ]
+        return [d["metadata"]["name"] for d in ds.objects(docs, "ConfigMap") if "-dashboard-" in d["metadata"]["name"]]
 
     assert len(dashboards(ds.render())) == len(ds.dashboard_files())
     assert dashboards(ds.render({"monitoring": {"dashboards": {"enabled": False}}})) == []
@@ -397,9 +391,7 @@ def test_graceful_drain(default_docs: list[dict[str, Any]]) -> None:
     assert gateway["containers"][0]["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
     raycluster = ds.one(default_docs, "RayCluster")
     for where, container in all_containers([raycluster]):
-        assert container["lifecycle"]["preStop"]["exec"]["command"] == ["/opt/dspark/ray-node.sh", "stop"], (
-            where
-        )
+        assert container["lifecycle"]["preStop"]["exec"]["command"] == ["/opt/dspark/ray-node.sh", "stop"], where
     for role in ("prefill", "decode"):
         assert ds.worker_group(default_docs, role)["template"]["spec"]["terminationGracePeriodSeconds"] == 120
 
@@ -445,9 +437,7 @@ def test_gateway_joins_the_ray_cluster_through_the_head_service(default_docs: li
     assert env["DSPARK_RAY_ADDRESS"] == "auto"
     assert env["DSPARK_PORT"] == "8000" and env["DSPARK_HOST"] == "0.0.0.0"
     assert "DSPARK_API_KEYS" not in env and "RAY_AUTH_MODE" not in env
-    with_keys = ds.render(
-        {"gateway": {"apiKeys": {"existingSecret": "keys"}, "args": ["--log-level", "debug"]}}
-    )
+    with_keys = ds.render({"gateway": {"apiKeys": {"existingSecret": "keys"}, "args": ["--log-level", "debug"]}})
     container = ds.one(with_keys, "Deployment", "-gateway")["spec"]["template"]["spec"]["containers"][0]
     assert ds.env_of(container)["DSPARK_API_KEYS"] == {"secretKeyRef": {"name": "keys", "key": "api-keys"}}
     assert container["args"] == ["--log-level", "debug"]

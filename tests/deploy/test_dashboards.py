@@ -28,9 +28,7 @@ def test_the_two_dashboards_exist() -> None:
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))
 def test_templated_by_datasource_namespace_and_model(name: str) -> None:
     variables = {v["name"]: v for v in DASHBOARDS[name]["templating"]["list"]}
-    assert (
-        variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
-    )
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
     for var in ("namespace", "model"):
         assert variables[var]["type"] == "query"
         assert variables[var]["includeAll"] and variables[var]["multi"] and variables[var]["allValue"] == ".*"

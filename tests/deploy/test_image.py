@@ -41,9 +41,7 @@ def stages() -> list[list[tuple[str, str]]]:
 
 
 def test_hadolint_is_clean(hadolint: str) -> None:
-    result = subprocess.run(
-        [hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
-    )
+    result = subprocess.run([hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -98,9 +96,7 @@ def test_no_weights_in_the_image() -> None:
 
 def test_dockerignore_allows_only_the_build_inputs() -> None:
     patterns = [
-        p.strip()
-        for p in (ds.REPO / ".dockerignore").read_text().splitlines()
-        if p.strip() and not p.startswith("#")
+        p.strip() for p in (ds.REPO / ".dockerignore").read_text().splitlines() if p.strip() and not p.startswith("#")
     ]
     assert patterns[0] == "*"
     assert {p for p in patterns if p.startswith("!")} == {
@@ -183,9 +179,7 @@ def test_buildah_builds_and_runs_the_cpu_image(tmp_path: Path) -> None:
     )
     assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
     buildah = ["buildah", "--storage-driver", "vfs"]
-    container = subprocess.run(
-        [*buildah, "from", tag], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    container = subprocess.run([*buildah, "from", tag], capture_output=True, text=True, check=True).stdout.strip()
     try:
         inspect = subprocess.run(
             [*buildah, "inspect", "--format", "{{.OCIv1.Config.User}}", tag],

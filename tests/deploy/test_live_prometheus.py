@@ -91,9 +91,7 @@ class SampleTraffic:
             for role, amount in by_role.items():
                 self.metrics.counter(name).labels(model=MODEL, role=role).inc(amount)
         for status, count in REQUESTS_BY_STATUS.items():
-            self.metrics.counter("dspark_requests_total").labels(
-                model=MODEL, role="gateway", status=status
-            ).inc(count)
+            self.metrics.counter("dspark_requests_total").labels(model=MODEL, role="gateway", status=status).inc(count)
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):

@@ -91,9 +91,7 @@ def dead_url() -> str:
 
 
 def start(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [str(SCRIPT), *args], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
+    return subprocess.Popen([str(SCRIPT), *args], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

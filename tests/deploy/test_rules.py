@@ -50,9 +50,7 @@ def test_every_alert_is_tested_firing_and_quiet() -> None:
     alerts = {r["alert"] for r in ds.rules_of(ds.load_rules()["groups"]) if "alert" in r}
     assert alerts == set(SLO_ALERTS)
     cases = [
-        c
-        for test in yaml.safe_load(ds.RULES_TEST_FILE.read_text())["tests"]
-        for c in test.get("alert_rule_test", [])
+        c for test in yaml.safe_load(ds.RULES_TEST_FILE.read_text())["tests"] for c in test.get("alert_rule_test", [])
     ]
     fired = {c["alertname"] for c in cases if c["exp_alerts"]}
     quiet = {c["alertname"] for c in cases if not c["exp_alerts"]}
@@ -130,11 +128,7 @@ def test_slo_values_change_only_the_target_records(promtool: str, tmp_path: Path
 
 def test_default_slo_values_match_the_rules_file() -> None:
     values = yaml.safe_load((ds.CHART_DIR / "values.yaml").read_text())["slo"]
-    targets = {
-        r["record"]: r["expr"]
-        for r in ds.rules_of(ds.load_rules()["groups"])
-        if r.get("record") in SLO_TARGETS
-    }
+    targets = {r["record"]: r["expr"] for r in ds.rules_of(ds.load_rules()["groups"]) if r.get("record") in SLO_TARGETS}
     assert targets == {record: f"vector({values[key]})" for record, key in SLO_TARGETS.items()}
 
 

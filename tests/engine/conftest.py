@@ -48,8 +48,14 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny-llama")
     tokenizer = Tokenizer.from_source(resolve_model("smollm2-135m"))
     tokenizer.hf_tokenizer.save_pretrained(str(out))
-    return save_random_llama(out, seed=0, weight_std=0.15, vocab_size=tokenizer.vocab_size,
-                             max_position_embeddings=2048, tie_word_embeddings=True)
+    return save_random_llama(
+        out,
+        seed=0,
+        weight_std=0.15,
+        vocab_size=tokenizer.vocab_size,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
 
 
 def save_random_llama(out: Path, seed: int, weight_std: float, **config: Any) -> Path:
@@ -58,9 +64,18 @@ def save_random_llama(out: Path, seed: int, weight_std: float, **config: Any) ->
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, bos_token_id=1,
-                                         eos_token_id=2, **config))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            bos_token_id=1,
+            eos_token_id=2,
+            **config,
+        )
+    )
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() > 1:
@@ -98,8 +113,9 @@ def small_vocab_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer random Llama over a 32-token vocabulary, for distribution tests."""
     out = tmp_path_factory.mktemp("small-vocab-llama")
     save_word_tokenizer(out, [f"w{i}" for i in range(29)])
-    return save_random_llama(out, seed=1, weight_std=0.08, vocab_size=32, max_position_embeddings=512,
-                             tie_word_embeddings=False)
+    return save_random_llama(
+        out, seed=1, weight_std=0.08, vocab_size=32, max_position_embeddings=512, tie_word_embeddings=False
+    )
 
 
 @pytest.fixture(scope="session")

@@ -26,8 +26,12 @@ def chat_ids(engine: EngineCore, conversation: list[dict[str, str]]) -> list[int
     return engine.tokenizer.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
 
 
-def run(engine: EngineCore, prompts: Sequence[Sequence[int]],
-        params: SamplingParams | Sequence[SamplingParams], max_steps: int = 100_000) -> list[Finished]:
+def run(
+    engine: EngineCore,
+    prompts: Sequence[Sequence[int]],
+    params: SamplingParams | Sequence[SamplingParams],
+    max_steps: int = 100_000,
+) -> list[Finished]:
     """Add every prompt at once, step until all finish, return results in prompt order."""
     plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
     ids = [f"req-{next(_ids)}" for _ in prompts]
@@ -44,8 +48,9 @@ def run(engine: EngineCore, prompts: Sequence[Sequence[int]],
             collected[out.request_id].append(out)
             if out.finished:
                 outs = collected[out.request_id]
-                done[out.request_id] = Finished(list(out.token_ids), "".join(o.new_text for o in outs),
-                                                out.finish_reason, outs)
+                done[out.request_id] = Finished(
+                    list(out.token_ids), "".join(o.new_text for o in outs), out.finish_reason, outs
+                )
     else:
         raise AssertionError(f"requests did not finish within {max_steps} steps")
     while engine.has_unfinished_requests():

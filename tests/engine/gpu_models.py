@@ -17,9 +17,17 @@ def random_llama_dir(out: Path, vocab_words: int = 509) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     save_word_tokenizer(out, [f"w{i}" for i in range(vocab_words)])
-    config = LlamaConfig(vocab_size=vocab_words + 3, hidden_size=256, intermediate_size=512,
-                         num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
-                         max_position_embeddings=4096, bos_token_id=1, eos_token_id=2)
+    config = LlamaConfig(
+        vocab_size=vocab_words + 3,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(str(out))
     return out
@@ -32,6 +40,13 @@ def gpu_engine(tmp: Path, speculative: bool, drafter_layers: int = 1, **options:
     if speculative:
         drafter = random_drafter_dir(tmp / "drafter", loaded, num_layers=drafter_layers)
         spec = SpeculativeConfig(drafter=str(drafter))
-    config = EngineConfig(model=str(model_dir), device="cuda", max_model_len=1024, max_num_seqs=8,
-                          kv_cache_memory_bytes=1 << 30, speculative=spec, **options)  # type: ignore[arg-type]
+    config = EngineConfig(
+        model=str(model_dir),
+        device="cuda",
+        max_model_len=1024,
+        max_num_seqs=8,
+        kv_cache_memory_bytes=1 << 30,
+        speculative=spec,
+        **options,
+    )  # type: ignore[arg-type]
     return EngineCore(config, parts=build_engine_parts(config, loaded=loaded))

@@ -29,8 +29,9 @@ def one_at_a_time(make_engine, prompts) -> list[list[int]]:
 @pytest.mark.parametrize("prefix_cache", [True, False])
 def test_batched_equals_one_at_a_time(make_engine, prompts, one_at_a_time, chunked_prefill, prefix_cache):
     # A small token budget forces long prompts into several chunks.
-    engine = make_engine(max_num_seqs=8, max_num_batched_tokens=40, chunked_prefill=chunked_prefill,
-                         enable_prefix_cache=prefix_cache)
+    engine = make_engine(
+        max_num_seqs=8, max_num_batched_tokens=40, chunked_prefill=chunked_prefill, enable_prefix_cache=prefix_cache
+    )
     results = run(engine, prompts, GREEDY)
     assert [r.token_ids for r in results] == one_at_a_time
     assert engine.kv.usage().used_slots == 0
@@ -40,13 +41,17 @@ def test_second_turn_reuses_first_turn_kv(make_engine):
     engine = make_engine(enable_prefix_cache=True)
     turn1 = [{"role": "user", "content": "Name a large animal that lives in the ocean."}]
     first = run(engine, [chat_ids(engine, turn1)], SamplingParams(max_tokens=32, temperature=0.0))[0]
-    turn2 = turn1 + [{"role": "assistant", "content": first.text},
-                     {"role": "user", "content": "How much does it weigh?"}]
+    turn2 = turn1 + [
+        {"role": "assistant", "content": first.text},
+        {"role": "user", "content": "How much does it weigh?"},
+    ]
     hits_before = engine.stats().prefix_cache_hits_total
     second = run(engine, [chat_ids(engine, turn2)], SamplingParams(max_tokens=16, temperature=0.0))[0]
     cached = second.outputs[-1].num_cached_tokens
     assert cached >= len(chat_ids(engine, turn1)) - 1
     assert engine.stats().prefix_cache_hits_total - hits_before == cached
     cold = make_engine(enable_prefix_cache=False)
-    assert run(cold, [chat_ids(cold, turn2)], SamplingParams(max_tokens=16, temperature=0.0))[0].token_ids \
+    assert (
+        run(cold, [chat_ids(cold, turn2)], SamplingParams(max_tokens=16, temperature=0.0))[0].token_ids
         == second.token_ids
+    )

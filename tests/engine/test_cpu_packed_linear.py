@@ -19,8 +19,10 @@ from engine.sampling_params import SamplingParams
 from tests.engine.conftest import random_drafter_dir
 from tests.engine.engine_driver import run
 
-pytestmark = pytest.mark.skipif(not cpu_linear.cpu_packing_supported(torch.bfloat16),
-                                reason="this CPU or torch build cannot pack bf16 weights for oneDNN")
+pytestmark = pytest.mark.skipif(
+    not cpu_linear.cpu_packing_supported(torch.bfloat16),
+    reason="this CPU or torch build cannot pack bf16 weights for oneDNN",
+)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -72,8 +74,14 @@ def _engine(model_dir: Path, pack: bool, monkeypatch: pytest.MonkeyPatch, drafte
     if not pack:
         monkeypatch.setattr("engine.engine_setup.pack_module_weights", lambda model, dtype: 0)
     spec = SpeculativeConfig(drafter=str(drafter)) if drafter is not None else None
-    config = EngineConfig(model=str(model_dir), device="cpu", dtype="bfloat16", max_model_len=512,
-                          kv_cache_memory_bytes=64 << 20, speculative=spec)
+    config = EngineConfig(
+        model=str(model_dir),
+        device="cpu",
+        dtype="bfloat16",
+        max_model_len=512,
+        kv_cache_memory_bytes=64 << 20,
+        speculative=spec,
+    )
     engine = EngineCore(config, parts=build_engine_parts(config, loaded=loaded))
     monkeypatch.undo()
     assert any(p.is_mkldnn for p in loaded.model.parameters()) == pack
@@ -83,8 +91,9 @@ def _engine(model_dir: Path, pack: bool, monkeypatch: pytest.MonkeyPatch, drafte
 
 
 @pytest.mark.parametrize("speculative", [False, True], ids=["plain", "dspark"])
-def test_packed_engine_serves_the_dense_engines_tokens(tiny_model_dir: Path, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch, speculative: bool):
+def test_packed_engine_serves_the_dense_engines_tokens(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, speculative: bool
+):
     drafter = None
     if speculative:
         tiny = load_model(str(tiny_model_dir), dtype=torch.float32, device="cpu", progress=False)

@@ -12,13 +12,16 @@ from engine.sampling_params import SamplingParams
 from tests.engine.engine_driver import run
 
 
-@pytest.mark.parametrize(("prompt", "field"), [
-    ([], "prompt"),
-    ("not token ids", "prompt"),
-    ([1, -4, 2], "prompt"),
-    ([1, 10**9], "prompt"),
-    ([1] * 5000, "prompt"),  # longer than max_model_len
-])
+@pytest.mark.parametrize(
+    ("prompt", "field"),
+    [
+        ([], "prompt"),
+        ("not token ids", "prompt"),
+        ([1, -4, 2], "prompt"),
+        ([1, 10**9], "prompt"),
+        ([1] * 5000, "prompt"),  # longer than max_model_len
+    ],
+)
 def test_bad_prompt_is_rejected_and_engine_keeps_serving(make_tiny_engine, prompt, field):
     engine = make_tiny_engine()
     with pytest.raises(ValueError, match=field):
@@ -27,24 +30,27 @@ def test_bad_prompt_is_rejected_and_engine_keeps_serving(make_tiny_engine, promp
     assert run(engine, [[1, 5, 7]], SamplingParams(max_tokens=4, temperature=0.0))[0].finish_reason == "length"
 
 
-@pytest.mark.parametrize(("kwargs", "field"), [
-    ({"temperature": -1.0}, "temperature"),
-    ({"temperature": float("nan")}, "temperature"),
-    ({"top_p": 0.0}, "top_p"),
-    ({"top_p": float("nan")}, "top_p"),
-    ({"top_k": -5}, "top_k"),
-    ({"min_p": 1.5}, "min_p"),
-    ({"max_tokens": 0}, "max_tokens"),
-    ({"max_tokens": -3}, "max_tokens"),
-    ({"frequency_penalty": float("inf")}, "frequency_penalty"),
-    ({"presence_penalty": -9.0}, "presence_penalty"),
-    ({"repetition_penalty": 0.0}, "repetition_penalty"),
-    ({"stop": (3,)}, "stop"),
-    ({"stop": ("",)}, "stop"),
-    ({"stop_token_ids": ("x",)}, "stop_token_ids"),
-    ({"logprobs": 99}, "logprobs"),
-    ({"seed": "abc"}, "seed"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"temperature": -1.0}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": float("nan")}, "top_p"),
+        ({"top_k": -5}, "top_k"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"frequency_penalty": float("inf")}, "frequency_penalty"),
+        ({"presence_penalty": -9.0}, "presence_penalty"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"stop": (3,)}, "stop"),
+        ({"stop": ("",)}, "stop"),
+        ({"stop_token_ids": ("x",)}, "stop_token_ids"),
+        ({"logprobs": 99}, "logprobs"),
+        ({"seed": "abc"}, "seed"),
+    ],
+)
 def test_bad_sampling_values_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
@@ -96,8 +102,12 @@ def test_thousand_requests_with_random_aborts_leave_nothing_behind(make_tiny_eng
         for i in range(n):
             rid = f"{prefix}{i}"
             prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 60))]
-            params = SamplingParams(max_tokens=rng.randint(1, 24), temperature=rng.choice([0.0, 0.8]),
-                                    seed=rng.randrange(1 << 30), ignore_eos=rng.random() < 0.5)
+            params = SamplingParams(
+                max_tokens=rng.randint(1, 24),
+                temperature=rng.choice([0.0, 0.8]),
+                seed=rng.randrange(1 << 30),
+                ignore_eos=rng.random() < 0.5,
+            )
             engine.add_request(rid, prompt, params)
             live.append(rid)
             if rng.random() < 0.3:

@@ -46,7 +46,7 @@ def test_stop_string_inside_a_block(make_engine, spec):
     dspark = make_engine(speculative=spec)
     prompt = chat_ids(plain, CHAT_PROMPTS[2])
     reference = run(plain, [prompt], _greedy(48))[0].text
-    stop = reference[len(reference) // 2: len(reference) // 2 + 4]
+    stop = reference[len(reference) // 2 : len(reference) // 2 + 4]
     params = SamplingParams(max_tokens=48, temperature=0.0, stop=(stop,))
     expected = run(plain, [prompt], params)[0]
     got = run(dspark, [prompt], params)[0]
@@ -62,8 +62,9 @@ def test_greedy_spec_equals_plain_30_prompts(make_engine, spec, batch):
     plain = make_engine(max_num_seqs=batch)
     dspark = make_engine(max_num_seqs=batch, speculative=spec)
     prompts = [chat_ids(plain, c) for c in spec_prompt_conversations(30)]
-    assert [g.token_ids for g in run(dspark, prompts, _greedy(128))] == \
-        [e.token_ids for e in run(plain, prompts, _greedy(128))]
+    assert [g.token_ids for g in run(dspark, prompts, _greedy(128))] == [
+        e.token_ids for e in run(plain, prompts, _greedy(128))
+    ]
 
 
 def _second_token_law(loaded, prompt: list[int], params: SamplingParams) -> np.ndarray:
@@ -75,8 +76,9 @@ def _second_token_law(loaded, prompt: list[int], params: SamplingParams) -> np.n
     vocab = loaded.config.vocab_size
     st = SamplingTensors.from_params([params] * vocab, [0] * vocab, "cpu", vocab_size=vocab)
     with torch.inference_mode():
-        p1 = processed_probs(_last_logits(model, [prompt]), SamplingTensors.from_params(
-            [params], [0], "cpu", vocab_size=vocab))[0]
+        p1 = processed_probs(
+            _last_logits(model, [prompt]), SamplingTensors.from_params([params], [0], "cpu", vocab_size=vocab)
+        )[0]
         p2 = processed_probs(_last_logits(model, [prompt + [t] for t in range(vocab)]), st)  # [V, V]
     return (p1[:, None] * p2).sum(0).double().numpy()
 
@@ -95,15 +97,29 @@ def _last_logits(model, sequences: list[list[int]]) -> torch.Tensor:
     return torch.stack(rows)
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(max_tokens=2, temperature=1.0, ignore_eos=True),
-    SamplingParams(max_tokens=2, temperature=1.0, top_k=8, ignore_eos=True),
-    SamplingParams(max_tokens=2, temperature=0.8, top_p=0.7, ignore_eos=True),
-], ids=["temperature", "top_k", "top_p"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_tokens=2, temperature=1.0, ignore_eos=True),
+        SamplingParams(max_tokens=2, temperature=1.0, top_k=8, ignore_eos=True),
+        SamplingParams(max_tokens=2, temperature=0.8, top_p=0.7, ignore_eos=True),
+    ],
+    ids=["temperature", "top_k", "top_p"],
+)
 def test_sampled_spec_follows_target_law(tmp_path_factory, make_small_vocab_engine, small_vocab, params):
-    spec = SpeculativeConfig(drafter=str(random_drafter_dir(tmp_path_factory.mktemp("d"), small_vocab,
-                                                            num_heads=4, num_kv_heads=2, head_dim=16,
-                                                            intermediate_size=64, markov_rank=8)))
+    spec = SpeculativeConfig(
+        drafter=str(
+            random_drafter_dir(
+                tmp_path_factory.mktemp("d"),
+                small_vocab,
+                num_heads=4,
+                num_kv_heads=2,
+                head_dim=16,
+                intermediate_size=64,
+                markov_rank=8,
+            )
+        )
+    )
     engine = make_small_vocab_engine(max_num_seqs=256, speculative=spec, enable_prefix_cache=False)
     prompt = [1, 5, 9, 4, 12]
     num_samples = 20_000

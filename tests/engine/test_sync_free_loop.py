@@ -14,10 +14,12 @@ from tests.data.prompts import CHAT_PROMPTS
 from tests.engine.conftest import random_drafter_dir
 from tests.engine.engine_driver import chat_ids
 
-MIXED = [SamplingParams(max_tokens=12, temperature=0.0),
-         SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, seed=3),
-         SamplingParams(max_tokens=12, temperature=0.7, top_k=20, frequency_penalty=0.5, logprobs=2),
-         SamplingParams(max_tokens=12, temperature=0.0, repetition_penalty=1.3, stop=("\n",))]
+MIXED = [
+    SamplingParams(max_tokens=12, temperature=0.0),
+    SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, seed=3),
+    SamplingParams(max_tokens=12, temperature=0.7, top_k=20, frequency_penalty=0.5, logprobs=2),
+    SamplingParams(max_tokens=12, temperature=0.0, repetition_penalty=1.3, stop=("\n",)),
+]
 
 
 def _guarded_run(engine, prompts) -> tuple[int, int]:
@@ -34,8 +36,11 @@ def _guarded_run(engine, prompts) -> tuple[int, int]:
 
 @pytest.mark.parametrize("speculative", [False, True], ids=["plain", "dspark"])
 def test_step_loop_passes_the_cpu_sync_guard(make_engine, tmp_path_factory, smollm, speculative):
-    spec = SpeculativeConfig(drafter=str(random_drafter_dir(tmp_path_factory.mktemp("d"), smollm))) \
-        if speculative else None
+    spec = (
+        SpeculativeConfig(drafter=str(random_drafter_dir(tmp_path_factory.mktemp("d"), smollm)))
+        if speculative
+        else None
+    )
     engine = make_engine(max_num_batched_tokens=32, speculative=spec)
     prompts = [chat_ids(engine, c) for c in CHAT_PROMPTS[:4] + CHAT_PROMPTS[17:19]]
     steps, waits = _guarded_run(engine, prompts)
@@ -57,8 +62,9 @@ def test_prefill_expansion_without_output_size_is_caught(make_engine):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
-@pytest.mark.parametrize(("speculative", "drafter_layers"), [(False, 1), (True, 1), (True, 2)],
-                         ids=["plain", "dspark", "dspark-2-layers"])
+@pytest.mark.parametrize(
+    ("speculative", "drafter_layers"), [(False, 1), (True, 1), (True, 2)], ids=["plain", "dspark", "dspark-2-layers"]
+)
 def test_step_loop_passes_cuda_sync_debug_mode(tmp_path_factory, speculative, drafter_layers):
     from tests.engine.gpu_models import gpu_engine
 

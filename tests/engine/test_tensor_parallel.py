@@ -16,14 +16,22 @@ from engine.sampling_params import SamplingParams
 from tests.engine.engine_driver import run
 
 PROMPTS = [[1, 17, 300, 42, 9], list(range(3, 40)), [5] * 12]
-PARAMS = [SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),
-          SamplingParams(max_tokens=16, temperature=0.8, seed=11, ignore_eos=True),
-          SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)]
+PARAMS = [
+    SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),
+    SamplingParams(max_tokens=16, temperature=0.8, seed=11, ignore_eos=True),
+    SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),
+]
 
 
 def _config(model_dir: Path, tp: int) -> EngineConfig:
-    return EngineConfig(model=str(model_dir), device="cpu", tensor_parallel_size=tp, max_model_len=512,
-                        kv_cache_memory_bytes=16 << 20, max_num_batched_tokens=16)
+    return EngineConfig(
+        model=str(model_dir),
+        device="cpu",
+        tensor_parallel_size=tp,
+        max_model_len=512,
+        kv_cache_memory_bytes=16 << 20,
+        max_num_batched_tokens=16,
+    )
 
 
 def _rank_main(rank: int, model_dir: str, port: int, results: dict) -> None:

@@ -33,9 +33,7 @@ def hf_model_from_gguf(path: Path) -> torch.nn.Module:
     try:
         import accelerate  # noqa: F401  (transformers needs it for from_pretrained(gguf_file=))
 
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=torch.float32
-        )
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
         return model.eval()
     except ImportError:
         pass

@@ -91,9 +91,7 @@ def save_random_hf_model(
 
 
 @torch.inference_mode()
-def hf_greedy(
-    model: torch.nn.Module, prompt: list[int], max_new_tokens: int
-) -> tuple[list[int], list[torch.Tensor]]:
+def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
     """transformers' greedy tokens and the raw logits [V] before each of them."""
     ids = torch.tensor([prompt])
     out = model.generate(

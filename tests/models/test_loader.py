@@ -98,9 +98,7 @@ def test_transformers4_config_layout():
     assert config.architecture == "llama" and config.head_dim == 16  # hidden / heads
     assert config.rope_theta == 500000.0
     assert (
-        config.rope_scaling is not None
-        and config.rope_scaling.kind == "linear"
-        and config.rope_scaling.factor == 2.0
+        config.rope_scaling is not None and config.rope_scaling.kind == "linear" and config.rope_scaling.factor == 2.0
     )
     assert config.eos_token_ids == (1, 2, 7) and config.bos_token_id == 0
     assert config.tie_word_embeddings and config.weight_dtype == "bfloat16"
@@ -214,9 +212,7 @@ def test_reverse_qk_permute_inverts_llama_cpp(shape):
 def test_gguf_weights_equal_transformers_gguf_weights(smollm2, hf_smollm2):
     ours = smollm2.model.model.layers[3]
     ref = hf_smollm2.model.layers[3]
-    ref_qkv = torch.cat(
-        [ref.self_attn.q_proj.weight, ref.self_attn.k_proj.weight, ref.self_attn.v_proj.weight]
-    )
+    ref_qkv = torch.cat([ref.self_attn.q_proj.weight, ref.self_attn.k_proj.weight, ref.self_attn.v_proj.weight])
     assert torch.equal(ours.self_attn.qkv_proj.weight, ref_qkv)
     assert torch.equal(ours.mlp.down_proj.weight, ref.mlp.down_proj.weight)
     assert torch.equal(smollm2.model.model.embed_tokens.weight, hf_smollm2.model.embed_tokens.weight)
@@ -265,9 +261,7 @@ def test_tokenizer_basics(smollm2):
     text = "Hello   world, café 123 日本\n\tdef f(x): return x"
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert tokenizer.decode(ids) == text
-    assert tokenizer.convert_ids_to_tokens(
-        tokenizer.encode("<|im_start|>user", add_special_tokens=False)
-    ) == [
+    assert tokenizer.convert_ids_to_tokens(tokenizer.encode("<|im_start|>user", add_special_tokens=False)) == [
         "<|im_start|>",
         "user",
     ]
@@ -347,9 +341,7 @@ def test_checkpoint_with_missing_or_unknown_tensors_is_rejected(tmp_path):
     save_file(broken, tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match=r"missing 1 tensor.*layers\.1\.self_attn\.qkv_proj\.weight"):
         load_model(str(tmp_path), tokenizer="smollm2-135m", progress=False)
-    save_file(
-        dict(weights, **{"model.layers.0.mlp.experts.weight": torch.zeros(2)}), tmp_path / "model.safetensors"
-    )
+    save_file(dict(weights, **{"model.layers.0.mlp.experts.weight": torch.zeros(2)}), tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match="matches no parameter"):
         load_model(str(tmp_path), tokenizer="smollm2-135m", progress=False)
     config = json.loads((tmp_path / "config.json").read_text())

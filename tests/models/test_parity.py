@@ -120,9 +120,7 @@ def test_ragged_batch_matches_single_requests(tmp_path):
             + seq_b[prefix_lens[1] : prefix_lens[1] + extend_lens[1]]
         )
         with torch.inference_mode():
-            hidden = model(
-                torch.tensor(tokens), positions, ForwardContext(meta=meta, kv=cache, backend=backend)
-            )
+            hidden = model(torch.tensor(tokens), positions, ForwardContext(meta=meta, kv=cache, backend=backend))
             logits = model.compute_logits(hidden)
         expected = torch.cat(
             [

@@ -76,9 +76,7 @@ def test_reset_forgets_the_previous_request_and_seeds_resumed_outputs() -> None:
     state.reset(0, [4], output_ids=[5, 5, 6])  # a preempted request resuming
     assert state.prompt_seen is not None and state.output_counts is not None
     assert state.prompt_seen[0].nonzero().flatten().tolist() == [4]
-    assert (
-        state.output_counts[0, 5] == 2 and state.output_counts[0, 6] == 1 and state.output_counts[0, 9] == 0
-    )
+    assert state.output_counts[0, 5] == 2 and state.output_counts[0, 6] == 1 and state.output_counts[0, 9] == 0
 
 
 def test_padding_rows_and_tokens_are_ignored() -> None:
@@ -110,9 +108,7 @@ def test_repetition_matches_transformers_processor() -> None:
     state.reset(0, prompt)
     state.update(torch.tensor([0]), torch.tensor([generated]))
     logits = torch.randn(1, VOCAB) * 4
-    hf = processors.RepetitionPenaltyLogitsProcessor(penalty=1.7)(
-        torch.tensor([prompt + generated]), logits.clone()
-    )
+    hf = processors.RepetitionPenaltyLogitsProcessor(penalty=1.7)(torch.tensor([prompt + generated]), logits.clone())
     ours = state.apply(logits, torch.tensor([0]), _tensors([SamplingParams(repetition_penalty=1.7)]))
     torch.testing.assert_close(ours, hf)
 

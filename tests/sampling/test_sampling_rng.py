@@ -30,9 +30,7 @@ def _one(v: int) -> torch.Tensor:
         ),
     ],
 )
-def test_philox_known_answers(
-    counter: tuple[int, ...], key: tuple[int, ...], expected: tuple[int, ...]
-) -> None:
+def test_philox_known_answers(counter: tuple[int, ...], key: tuple[int, ...], expected: tuple[int, ...]) -> None:
     words = rng.philox4x32(*(_one(c) for c in counter), *(_one(k) for k in key))
     assert tuple(int(w) for w in words) == expected
 

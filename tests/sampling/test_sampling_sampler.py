@@ -63,9 +63,7 @@ def test_same_seed_same_position_same_token_whatever_the_batch() -> None:
     def tokens_of_mine(others: list[SamplingParams], position: int) -> torch.Tensor:
         params = [*others[:position], mine, *others[position:]]
         batch_logits = torch.cat([_logits(len(others), vocab, seed=3), logits])  # mine last ...
-        batch_logits = batch_logits[
-            [*range(position), len(others), *range(position, len(others))]
-        ]  # ... moved
+        batch_logits = batch_logits[[*range(position), len(others), *range(position, len(others))]]  # ... moved
         st = _tensors(params, vocab)
         out = []
         for counter in counters:
@@ -85,9 +83,7 @@ def test_same_seed_same_position_same_token_whatever_the_batch() -> None:
     assert len(set(alone.tolist())) > 5  # it does sample
     other_seed = SamplingParams(temperature=1.0, top_p=0.95, seed=1235)
     st = _tensors([other_seed], vocab)
-    assert not torch.equal(
-        torch.stack([Sampler().sample(logits, st, c[None]).tokens[0] for c in counters]), alone
-    )
+    assert not torch.equal(torch.stack([Sampler().sample(logits, st, c[None]).tokens[0] for c in counters]), alone)
 
 
 CASES = {
@@ -200,9 +196,7 @@ def test_table_gather_matches_direct_build() -> None:
     table.write_rows(slots, SamplingTensors.from_params(params, keys, "cpu", vocab_size=vocab))
     order = torch.tensor([2, 0, 1])  # batch rows in another order than admission
     gathered = table.gather(slots[order], SamplingFlags.from_params([params[i] for i in order], vocab))
-    direct = SamplingTensors.from_params(
-        [params[i] for i in order], [keys[i] for i in order], "cpu", vocab_size=vocab
-    )
+    direct = SamplingTensors.from_params([params[i] for i in order], [keys[i] for i in order], "cpu", vocab_size=vocab)
     for name in ("temperature", "top_k", "top_p", "min_p", "frequency_penalty", "key", "greedy"):
         assert torch.equal(getattr(gathered, name), getattr(direct, name)), name
     logits = _logits(3, vocab, seed=9)

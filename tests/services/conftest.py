@@ -59,9 +59,7 @@ def greedy_reference(engine: Any, prompts: Sequence[list[int]], max_tokens: int)
 
 
 def chat_token_ids(engine: Any, content: str) -> list[int]:
-    text = engine.tokenizer.apply_chat_template(
-        [{"role": "user", "content": content}], add_generation_prompt=True
-    )
+    text = engine.tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
     return list(engine.tokenizer.encode(text, add_special_tokens=False))
 
 

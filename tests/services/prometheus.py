@@ -76,9 +76,7 @@ def run_prometheus(target: str, workdir: Path, job: str = "dspark") -> Iterator[
             except httpx.HTTPError:
                 pass
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"prometheus did not start: {(workdir / 'prometheus.log').read_text()[-2000:]}"
-                )
+                raise RuntimeError(f"prometheus did not start: {(workdir / 'prometheus.log').read_text()[-2000:]}")
             time.sleep(0.2)
         yield Prometheus(url)
     finally:

@@ -49,9 +49,7 @@ QUESTIONS = [
 ]
 
 
-def spawn(
-    topology: Sequence[tuple[Role, int]], deployment: str, engine_config: EngineConfig
-) -> dict[str, Any]:
+def spawn(topology: Sequence[tuple[Role, int]], deployment: str, engine_config: EngineConfig) -> dict[str, Any]:
     """Create the worker actors; they load the model in the background."""
     handles: dict[str, Any] = {}
     options = WorkerOptions(num_cpus=1, max_restarts=-1)
@@ -80,9 +78,7 @@ class Stack:
         deadline = time.monotonic() + timeout_s
         while True:
             stats = self.worker_stats()
-            if all(
-                s.kv_used_slots == 0 and s.num_running == 0 and s.num_waiting == 0 for s in stats.values()
-            ):
+            if all(s.kv_used_slots == 0 and s.num_running == 0 and s.num_waiting == 0 for s in stats.values()):
                 return stats
             if time.monotonic() > deadline:
                 raise AssertionError(f"workers not idle after {timeout_s} s: {stats}")
@@ -141,9 +137,7 @@ def disconnect_after(url: str, question: str, chunks: int) -> None:
     raise AssertionError("the stream ended before the client hung up")
 
 
-def disconnects_and_streams(
-    stack: Stack, questions: Sequence[str], max_tokens: int, num_disconnects: int
-) -> list[str]:
+def disconnects_and_streams(stack: Stack, questions: Sequence[str], max_tokens: int, num_disconnects: int) -> list[str]:
     """`num_disconnects` clients hang up mid-stream while the others stream to the end."""
     with concurrent.futures.ThreadPoolExecutor(len(questions) + num_disconnects) as pool:
         quitters = [

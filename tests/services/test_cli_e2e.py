@@ -58,9 +58,7 @@ def wait_for_line(log: Path, prefix: str, process: subprocess.Popen[str], timeou
 
 
 def ask(port: int) -> str:
-    client = openai.OpenAI(
-        base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=300
-    )
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=300)
     response = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, temperature=0
     )
@@ -117,9 +115,7 @@ def test_worker_and_gateway_join_an_existing_cluster(tmp_path: Path) -> None:
             "DSPARK_KV_CACHE_MEMORY_BYTES": str(512 * 1024 * 1024),
         }
         worker_log = tmp_path / "worker.log"
-        with dspark_serve(
-            "worker", "--role", "colocated", "--replicas", "1", log=worker_log, env=options
-        ) as worker:
+        with dspark_serve("worker", "--role", "colocated", "--replicas", "1", log=worker_log, env=options) as worker:
             assert worker.wait(900) == 0, worker_log.read_text()[-3000:]
         assert "cli-worker-0 ready" in worker_log.read_text()
         port = free_port()

@@ -87,9 +87,7 @@ def test_metrics_through_a_real_prometheus(stack: Stack, tmp_path: Path) -> None
             sent = 10
             with concurrent.futures.ThreadPoolExecutor(5) as pool:
                 texts = list(
-                    pool.map(
-                        lambda q: stream_text(client, q, 8, extra_body={"ignore_eos": True}), QUESTIONS[:sent]
-                    )
+                    pool.map(lambda q: stream_text(client, q, 8, extra_body={"ignore_eos": True}), QUESTIONS[:sent])
                 )
             assert all(texts)
             time.sleep(1.0)  # the gateway's next worker-stats poll
@@ -112,9 +110,7 @@ def test_metrics_through_a_real_prometheus(stack: Stack, tmp_path: Path) -> None
             assert prom.scalar("sum(dspark_inter_token_latency_seconds_count)") >= sent * 6
             for quantile in (0.5, 0.9, 0.99):
                 for name in ("time_to_first_token_seconds", "time_per_output_token_seconds"):
-                    value = prom.scalar(
-                        f"histogram_quantile({quantile}, sum by (le) (rate(dspark_{name}_bucket[1m])))"
-                    )
+                    value = prom.scalar(f"histogram_quantile({quantile}, sum by (le) (rate(dspark_{name}_bucket[1m])))")
                     assert 0 < value < 160, (name, quantile, value)
             phases = prom.scalar(
                 "sum(dspark_request_queue_time_seconds_sum) + sum(dspark_request_prefill_time_seconds_sum)"
@@ -133,9 +129,7 @@ def test_metrics_through_a_real_prometheus(stack: Stack, tmp_path: Path) -> None
             assert prom.query('dspark_prefix_cache_queries_total{role="prefill"}')
 
 
-def test_killed_decode_worker_fails_its_requests_and_is_used_again(
-    stack: Stack, reference: list[str]
-) -> None:
+def test_killed_decode_worker_fails_its_requests_and_is_used_again(stack: Stack, reference: list[str]) -> None:
     client = stack.client
     outcomes: list[object] = [None] * 3
     progress = [0] * 3

@@ -141,13 +141,9 @@ def test_completions(client: openai.OpenAI) -> None:
     choice = response.choices[0]
     assert choice.text.startswith("The capital of France is") and len(choice.text) > 24
     assert choice.logprobs and len(choice.logprobs.tokens or []) == response.usage.completion_tokens  # type: ignore
-    batch = client.completions.create(
-        model=MODEL, prompt=["One, two,", "A, B,"], max_tokens=3, temperature=0, n=2
-    )
+    batch = client.completions.create(model=MODEL, prompt=["One, two,", "A, B,"], max_tokens=3, temperature=0, n=2)
     assert sorted(c.index for c in batch.choices) == [0, 1, 2, 3]
-    streamed = list(
-        client.completions.create(model=MODEL, prompt=[1, 2, 3], max_tokens=4, temperature=0, stream=True)
-    )
+    streamed = list(client.completions.create(model=MODEL, prompt=[1, 2, 3], max_tokens=4, temperature=0, stream=True))
     assert streamed[-1].choices[0].finish_reason in ("stop", "length")
 
 
@@ -198,8 +194,7 @@ BAD_BODIES: list[tuple[bytes, int, str | None]] = [
     (b'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "x"}], "top_k": -5}', 400, "top_k"),
     (b'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "x"}], "seed": 1e400}', 400, None),
     (
-        b'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "x"}], '
-        b'"seed": 36893488147419103232}',
+        b'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "x"}], "seed": 36893488147419103232}',
         400,
         "seed",
     ),
@@ -219,9 +214,7 @@ BAD_BODIES: list[tuple[bytes, int, str | None]] = [
 
 @pytest.mark.parametrize(("body", "status", "param"), BAD_BODIES)
 def test_bad_bodies_get_openai_errors(url: str, body: bytes, status: int, param: str | None) -> None:
-    response = httpx.post(
-        f"{url}/v1/chat/completions", content=body, headers={"content-type": "application/json"}
-    )
+    response = httpx.post(f"{url}/v1/chat/completions", content=body, headers={"content-type": "application/json"})
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
@@ -235,9 +228,7 @@ def test_context_too_long(url: str) -> None:
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "context_length_exceeded"
     tokens = {"model": MODEL, "prompt": [10] * 8000, "max_tokens": 500}
-    assert (
-        httpx.post(f"{url}/v1/completions", json=tokens).json()["error"]["code"] == "context_length_exceeded"
-    )
+    assert httpx.post(f"{url}/v1/completions", json=tokens).json()["error"]["code"] == "context_length_exceeded"
     out_of_vocab = {"model": MODEL, "prompt": [10**9], "max_tokens": 1}
     assert httpx.post(f"{url}/v1/completions", json=out_of_vocab).json()["error"]["param"] == "prompt"
 
@@ -326,9 +317,7 @@ def test_schema_fuzzing_never_5xx_and_server_keeps_serving(url: str, loop: Engin
             assert response.status_code < 500, (body, response.status_code)
     assert statuses.get(400, 0) > 100 and set(statuses) <= {200, 400, 404}
     wait_idle(loop, 30)
-    ok = httpx.post(
-        f"{url}/v1/chat/completions", json={"model": MODEL, "messages": messages("hi"), "max_tokens": 3}
-    )
+    ok = httpx.post(f"{url}/v1/chat/completions", json={"model": MODEL, "messages": messages("hi"), "max_tokens": 3})
     assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"]
 
 
@@ -366,9 +355,7 @@ def test_non_streaming_disconnect_aborts(url: str, loop: EngineLoop) -> None:
 
 
 def test_api_keys_body_limit_and_overload(loop: EngineLoop) -> None:
-    config = GatewayConfig(
-        api_keys=("k1", "k2"), max_body_bytes=4096, pool=PoolConfig(max_inflight_per_worker=1)
-    )
+    config = GatewayConfig(api_keys=("k1", "k2"), max_body_bytes=4096, pool=PoolConfig(max_inflight_per_worker=1))
     with start(loop, config) as url:
         wait_ready(url, 60)
         body = {"model": MODEL, "messages": messages("hi"), "max_tokens": 2}
@@ -381,15 +368,11 @@ def test_api_keys_body_limit_and_overload(loop: EngineLoop) -> None:
             assert httpx.get(url + public).status_code == 200
         auth = {"Authorization": "Bearer k2"}
         assert httpx.post(f"{url}/v1/chat/completions", json=body, headers=auth).status_code == 200
-        big = httpx.post(
-            f"{url}/v1/chat/completions", headers=auth, json={**body, "messages": messages("x" * 5000)}
-        )
+        big = httpx.post(f"{url}/v1/chat/completions", headers=auth, json={**body, "messages": messages("x" * 5000)})
         assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
 
         long_body = {**body, "max_tokens": 2000, "stream": True, "ignore_eos": True}
-        with httpx.stream(
-            "POST", f"{url}/v1/chat/completions", json=long_body, headers=auth, timeout=60
-        ) as held:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=long_body, headers=auth, timeout=60) as held:
             lines = held.iter_lines()  # keep the iterator: dropping it closes the connection
             assert next(lines).startswith("data:")
             refused = httpx.post(f"{url}/v1/chat/completions", json=body, headers=auth)

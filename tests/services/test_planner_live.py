@@ -125,9 +125,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[Exporter, Any, FakeKubeApi]]:
 def replicas(kube: FakeKubeApi) -> dict[str, int]:
     from services.planner.kube import RayClusterScaler, custom_objects_api
 
-    groups = RayClusterScaler(custom_objects_api(kube.url), NAMESPACE, CLUSTER).worker_groups(
-        ("prefill", "decode")
-    )
+    groups = RayClusterScaler(custom_objects_api(kube.url), NAMESPACE, CLUSTER).worker_groups(("prefill", "decode"))
     return {name: group.replicas for name, group in groups.items()}
 
 
@@ -145,9 +143,7 @@ def test_planner_scales_prefill_up_on_ttft_then_down_after_cooldown(
     # Breach: TTFT 5 s against a 1 s target; TPOT comfortably inside its band (0.06 of 0.1).
     exporter.observe(ttft_s=5.0, tpot_s=0.06)
     deadline = time.monotonic() + 30
-    query = (
-        f"histogram_quantile(0.95, sum by (le) (rate(dspark_time_to_first_token_seconds_bucket[{window}])))"
-    )
+    query = f"histogram_quantile(0.95, sum by (le) (rate(dspark_time_to_first_token_seconds_bucket[{window}])))"
     while not prometheus.query(query) or prometheus.query(query)[0]["value"][1] == "NaN":
         assert time.monotonic() < deadline, "Prometheus never saw the TTFT observations"
         exporter.observe(ttft_s=5.0, tpot_s=0.06, count=5)

@@ -157,9 +157,7 @@ def test_sampling_params_errors_name_the_field() -> None:
 
 def test_seed_varies_per_choice() -> None:
     req = parse_chat(chat(seed=7, n=3))
-    seeds = [
-        sampling_params(req, max_tokens=4, logprobs=None, sample=i, logprobs_param="x").seed for i in range(3)
-    ]
+    seeds = [sampling_params(req, max_tokens=4, logprobs=None, sample=i, logprobs_param="x").seed for i in range(3)]
     assert seeds == [7, 8, 9]
 
 

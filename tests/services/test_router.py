@@ -106,10 +106,7 @@ def test_ties_rotate() -> None:
 
 def test_full_replicas_are_never_chosen_and_all_full_is_overload() -> None:
     router = Router()
-    assert (
-        router.route(prompt(1, 8), colocated=[replica("a", inflight=8), replica("b", inflight=7)]).decode
-        == "b"
-    )
+    assert router.route(prompt(1, 8), colocated=[replica("a", inflight=8), replica("b", inflight=7)]).decode == "b"
     with pytest.raises(Overloaded):
         router.route(prompt(1, 8), colocated=[replica("a", inflight=8), replica("b", inflight=9)])
 

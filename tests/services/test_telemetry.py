@@ -77,9 +77,7 @@ def test_phases_partition_arrival_to_last_token() -> None:
     timer.content_sent(1, now=1.0)
     timer.content_sent(9, now=3.0)
     pd = tracked(first_token_s=1.0, prefill_s=0.7, handoff_s=1.0, decode_start_s=1.2, last_token_s=3.0)
-    recorder.finished(
-        "m", timer, [pd], 200, prompt_tokens=5, completion_tokens=10, max_choice_tokens=10, end_s=3.01
-    )
+    recorder.finished("m", timer, [pd], 200, prompt_tokens=5, completion_tokens=10, max_choice_tokens=10, end_s=3.01)
     labels = {"model": "m", "role": "gateway"}
     prefill, decode = {"model": "m", "role": "prefill"}, {"model": "m", "role": "decode"}
     phases = [
@@ -94,9 +92,7 @@ def test_phases_partition_arrival_to_last_token() -> None:
     assert [round(p, 6) for p in phases] == [0.3, 0.7, 0.2, 1.8]
     assert abs(sum(phases) - sample(metrics, "dspark_e2e_request_latency_seconds_sum", **labels)) < 0.02
     assert sample(metrics, "dspark_time_to_first_token_seconds_sum", **labels) == 1.0
-    assert round(sample(metrics, "dspark_time_per_output_token_seconds_sum", **labels), 6) == round(
-        2.01 / 9, 6
-    )
+    assert round(sample(metrics, "dspark_time_per_output_token_seconds_sum", **labels), 6) == round(2.01 / 9, 6)
     assert sample(metrics, "dspark_requests_total", status="200", **labels) == 1
     assert sample(metrics, "dspark_prompt_tokens_total", **labels) == 5
     assert sample(metrics, "dspark_generation_tokens_total", **labels) == 10
@@ -136,12 +132,8 @@ def test_worker_counters_stay_monotonic_across_restarts() -> None:
     metrics = Metrics()
     exporter = WorkerStatsExporter(metrics)
     labels = {"model": "m", "role": "decode"}
-    exporter.update(
-        "d0", "decode", "m", "i1", stats(generation_tokens_total=10, spec_accept_length_counts=(0, 2, 3))
-    )
-    exporter.update(
-        "d0", "decode", "m", "i1", stats(generation_tokens_total=25, spec_accept_length_counts=(0, 2, 4))
-    )
+    exporter.update("d0", "decode", "m", "i1", stats(generation_tokens_total=10, spec_accept_length_counts=(0, 2, 3)))
+    exporter.update("d0", "decode", "m", "i1", stats(generation_tokens_total=25, spec_accept_length_counts=(0, 2, 4)))
     assert sample(metrics, "dspark_generation_tokens_total", **labels) == 25
     exporter.update("d0", "decode", "m", "i2", stats(generation_tokens_total=5))  # restarted: counts from 0
     assert sample(metrics, "dspark_generation_tokens_total", **labels) == 30

@@ -52,9 +52,7 @@ def transfer() -> FlakyTransfer:
 
 
 @pytest.fixture(scope="module")
-def loops(
-    engine_core: Any, decode_engine: Any, transfer: FlakyTransfer
-) -> Iterator[tuple[EngineLoop, EngineLoop]]:
+def loops(engine_core: Any, decode_engine: Any, transfer: FlakyTransfer) -> Iterator[tuple[EngineLoop, EngineLoop]]:
     drain(engine_core)
     prefill = EngineLoop(
         engine_core, role="prefill", replica_id="p0", transfer=transfer, max_num_seqs=32, speculative=False
@@ -138,9 +136,7 @@ def test_failed_transfer_is_an_error_and_frees_both_sides(
     assert ask(url, "Name three primary colours.", stream=stream)
 
 
-def test_hung_transfer_times_out(
-    url: str, loops: tuple[EngineLoop, EngineLoop], transfer: FlakyTransfer
-) -> None:
+def test_hung_transfer_times_out(url: str, loops: tuple[EngineLoop, EngineLoop], transfer: FlakyTransfer) -> None:
     transfer.mode = "hang"
     start = time.monotonic()
     with pytest.raises(openai.APIError) as info:
@@ -152,9 +148,7 @@ def test_hung_transfer_times_out(
     assert f'dspark_requests_total{{model="{MODEL}",role="gateway",status="500"}}' in metrics
 
 
-def test_client_gone_during_transfer(
-    url: str, loops: tuple[EngineLoop, EngineLoop], transfer: FlakyTransfer
-) -> None:
+def test_client_gone_during_transfer(url: str, loops: tuple[EngineLoop, EngineLoop], transfer: FlakyTransfer) -> None:
     transfer.mode = "hang"
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 50, "stream": True}
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
@@ -164,9 +158,7 @@ def test_client_gone_during_transfer(
     assert_no_slots_held(loops, TIMEOUT_S + 10)
 
 
-def test_outputs_match_the_offline_engine(
-    url: str, loops: tuple[EngineLoop, EngineLoop], decode_engine: Any
-) -> None:
+def test_outputs_match_the_offline_engine(url: str, loops: tuple[EngineLoop, EngineLoop], decode_engine: Any) -> None:
     questions = ["What is the capital of France?", "Who wrote Hamlet?", "What is H2O?"]
     served = [ask(url, q, stream=True, max_tokens=16) for q in questions]
     assert_no_slots_held(loops)

@@ -18,11 +18,7 @@ def chain_rejection_numpy(
         n = 0
         while n < gamma:
             d = draft_tokens[b, n]
-            ratio = (
-                1.0
-                if q[b, n, d] == 0 and p[b, n, d] > 0
-                else (p[b, n, d] / q[b, n, d] if q[b, n, d] > 0 else 0.0)
-            )
+            ratio = 1.0 if q[b, n, d] == 0 and p[b, n, d] > 0 else (p[b, n, d] / q[b, n, d] if q[b, n, d] > 0 else 0.0)
             if not coin_u[b, n] < min(1.0, ratio):
                 break
             out[b, n] = d

@@ -133,9 +133,7 @@ def make_scenario(
     max_reqs = len(seq_lens) + 1
     num_slots = max_reqs * max_ctx
     req_to_token = torch.randperm(num_slots, generator=gen).view(max_reqs, max_ctx).to(torch.int32)
-    pool = KVPool(
-        config.num_layers, num_slots, config.num_kv_heads, config.head_dim, dtype, torch.device("cpu")
-    )
+    pool = KVPool(config.num_layers, num_slots, config.num_kv_heads, config.head_dim, dtype, torch.device("cpu"))
     # Poison the pool: anything read that was not written shows up as NaN.
     pool.k.fill_(float("nan"))
     pool.v.fill_(float("nan"))

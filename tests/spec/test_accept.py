@@ -92,9 +92,7 @@ def test_chain_rejection_agrees_with_numpy_reference() -> None:
     with sync_guard():
         res = chain_rejection(draft, q, p, coin_u, resample_u)
         via_key = accept_sampled(draft, q, p, key, counter)
-    ref_out, ref_len = chain_rejection_numpy(
-        draft.numpy(), q.numpy(), p.numpy(), coin_u.numpy(), resample_u.numpy()
-    )
+    ref_out, ref_len = chain_rejection_numpy(draft.numpy(), q.numpy(), p.numpy(), coin_u.numpy(), resample_u.numpy())
     assert np.array_equal(res.out_tokens.numpy(), ref_out)
     assert np.array_equal(res.accept_len.numpy(), ref_len)
     assert torch.equal(via_key.out_tokens, res.out_tokens) and torch.equal(via_key.accept_len, res.accept_len)
@@ -253,19 +251,12 @@ def test_markov_block_draws_follow_the_step_law() -> None:
         # Position 1 conditions on position 0 through the Markov bias.
         law1 = torch.softmax((base[0, 1] + head.bias(head.w1)) / temp, -1).numpy()  # [prev, V]
         joint = law0[:, None] * law1
-        assert (
-            chi_square_p(np.bincount(tokens[:, 0] * vocab + tokens[:, 1], minlength=vocab**2), joint)
-            > P_VALUE_FLOOR
-        )
-        torch.testing.assert_close(
-            block.step_logits[:, 1], base[:, 1] + head.bias(head.w1[block.draft_tokens[:, 0]])
-        )
+        assert chi_square_p(np.bincount(tokens[:, 0] * vocab + tokens[:, 1], minlength=vocab**2), joint) > P_VALUE_FLOOR
+        torch.testing.assert_close(block.step_logits[:, 1], base[:, 1] + head.bias(head.w1[block.draft_tokens[:, 0]]))
 
 
 def test_sample_categorical_never_draws_zero_weight() -> None:
-    weights = torch.tensor(
-        [[0.0, 0.3, 0.0, 0.7, 0.0], [1e-30, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 2.0]]
-    )
+    weights = torch.tensor([[0.0, 0.3, 0.0, 0.7, 0.0], [1e-30, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 2.0]])
     for u in (2.0**-24, 0.3, 0.5, 1.0 - 2.0**-24):
         drawn = sample_categorical(weights, torch.full((3,), u))
         assert drawn[0].item() in (1, 3) and drawn[1].item() == 0 and drawn[2].item() == 4

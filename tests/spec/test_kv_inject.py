@@ -35,9 +35,7 @@ def triton_mode(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         (3, 1, 8, 2, torch.bfloat16),  # bf16 cache
     ],
 )
-def test_kernel_matches_reference(
-    tokens: int, kv_heads: int, head_dim: int, half: int, dtype: torch.dtype
-) -> None:
+def test_kernel_matches_reference(tokens: int, kv_heads: int, head_dim: int, half: int, dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(tokens * 100 + head_dim)
     num_layers, num_slots = 3, 11
     width = 2 * kv_heads * head_dim
@@ -48,15 +46,11 @@ def test_kernel_matches_reference(
     cos, sin = angles.cos().to(DEVICE), angles.sin().to(DEVICE)
     slots = torch.randperm(num_slots, generator=gen)[:tokens].to(DEVICE)
     slots[1] = -1
-    caches = [
-        torch.full((num_slots + 1, kv_heads, head_dim), 7.0, dtype=dtype, device=DEVICE) for _ in range(4)
-    ]
+    caches = [torch.full((num_slots + 1, kv_heads, head_dim), 7.0, dtype=dtype, device=DEVICE) for _ in range(4)]
     inject_layer_kv_torch(kv, k_norm, 1e-6, cos, sin, slots, caches[0], caches[1])
     inject_layer_kv_triton(kv, k_norm, 1e-6, cos, sin, slots, caches[2], caches[3])
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
-    torch.testing.assert_close(
-        caches[2][:-1], caches[0][:-1], rtol=tol, atol=tol
-    )  # includes rows nobody wrote
+    torch.testing.assert_close(caches[2][:-1], caches[0][:-1], rtol=tol, atol=tol)  # includes rows nobody wrote
     torch.testing.assert_close(caches[3][:-1], caches[1][:-1], rtol=tol, atol=tol)
     assert (caches[2][-1] == 7).all() and (caches[3][-1] == 7).all()  # -1 is not written at all
 
@@ -71,9 +65,7 @@ def test_drafter_inject_triton_equals_torch() -> None:
     slots[2] = -1
     for scen, use_triton in ((torch_scen, False), (triton_scen, True)):
         scen.pool.k, scen.pool.v = scen.pool.k.to(DEVICE), scen.pool.v.to(DEVICE)
-        drafter.inject_kv(
-            aux.to(DEVICE), positions.to(DEVICE), slots.to(DEVICE), scen.pool, use_triton=use_triton
-        )
+        drafter.inject_kv(aux.to(DEVICE), positions.to(DEVICE), slots.to(DEVICE), scen.pool, use_triton=use_triton)
     # NaN-poisoned rows that were never written must stay NaN in both: compare with equal_nan.
     torch.testing.assert_close(
         triton_scen.pool.k[:, :-1], torch_scen.pool.k[:, :-1], equal_nan=True, rtol=1e-5, atol=1e-5

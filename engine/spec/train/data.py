@@ -33,9 +33,7 @@ class ChatTokenizer(Protocol):
 
     eos_token_ids: tuple[int, ...]
 
-    def apply_chat_template(
-        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True
-    ) -> str: ...
+    def apply_chat_template(self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str: ...
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 

@@ -26,9 +26,7 @@ import torch.nn.functional as F
 from engine.attention.metadata import AttentionMetadata
 
 
-def dense_metadata(
-    num_rows: int, row_len: int, device: torch.device, causal: bool = True
-) -> AttentionMetadata:
+def dense_metadata(num_rows: int, row_len: int, device: torch.device, causal: bool = True) -> AttentionMetadata:
     """Metadata of `num_rows` fresh requests of `row_len` tokens each, laid `[num_rows, row_len]`,
     with no cache writes (every out_slot is -1)."""
     total = num_rows * row_len
@@ -233,8 +231,4 @@ class StaticCacheAttention:
         out = F.scaled_dot_product_attention(
             q_rows, k_cache.to(q.dtype), v_cache.to(q.dtype), attn_mask=mask, scale=scale
         )
-        return (
-            out.view(rows, num_kv_heads, n, group, head_dim)
-            .transpose(1, 2)
-            .reshape(rows * n, num_heads, head_dim)
-        )
+        return out.view(rows, num_kv_heads, n, group, head_dim).transpose(1, 2).reshape(rows * n, num_heads, head_dim)

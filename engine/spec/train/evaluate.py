@@ -73,9 +73,7 @@ class AcceptanceReport:
         def row(name: str, accept_len: float, per_position: tuple[float, ...]) -> str:
             return f"{name:<28}{accept_len:>14.3f}" + "".join(f"{v:>7.3f}" for v in per_position)
 
-        rows.append(
-            row(f"greedy ({self.greedy_verifies} verifies)", self.greedy_accept_len, self.greedy_per_position)
-        )
+        rows.append(row(f"greedy ({self.greedy_verifies} verifies)", self.greedy_accept_len, self.greedy_per_position))
         rows.append(
             row(
                 f"T={self.sampled_temperature:g} ({self.sampled_anchors} anchors)",
@@ -104,9 +102,7 @@ def _pick(
     return np.asarray(chosen[:limit], dtype=np.int64), (data_temp if chosen else None)
 
 
-def _walk(
-    drafts: np.ndarray, argmax: np.ndarray, tokens: np.ndarray, prompt_len: int, length: int
-) -> list[int]:
+def _walk(drafts: np.ndarray, argmax: np.ndarray, tokens: np.ndarray, prompt_len: int, length: int) -> list[int]:
     """Accepted drafts of every verify of one greedy sequence. drafts [S, gamma] (row p: the
     block drafted at anchor p), argmax [S], tokens [S]."""
     gamma = drafts.shape[1]
@@ -115,12 +111,7 @@ def _walk(
     p = max(prompt_len, 1)
     while p <= length - 2:
         a = 0
-        while (
-            a < gamma
-            and p + a <= length - 2
-            and drafts[p, a] == argmax[p + a]
-            and (a == 0 or consistent[p + a - 1])
-        ):
+        while a < gamma and p + a <= length - 2 and drafts[p, a] == argmax[p + a] and (a == 0 or consistent[p + a - 1]):
             a += 1
         accepted.append(a)
         p += a + 1
@@ -200,9 +191,7 @@ def evaluate_acceptance(
     was_training = drafter.training
     drafter.eval()
     autocast = (
-        torch.autocast(device.type, dtype=autocast_dtype)
-        if autocast_dtype is not None
-        else contextlib.nullcontext()
+        torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
     )
     greedy_ids, _ = _pick(sequences, True, temperature, max_sequences, max_seq_len)
     sampled_ids, data_temp = _pick(sequences, False, temperature, max_sequences, max_seq_len)
@@ -212,15 +201,11 @@ def evaluate_acceptance(
         for start in range(0, len(greedy_ids), batch_size):
             batch = pad_batch(sequences, greedy_ids[start : start + batch_size], device, max_seq_len)
             teacher = run_teacher(target, capture, batch.tokens, batch.lengths)
-            accepted += _greedy(
-                drafter, lm_head, teacher, batch.prompt_lens.cpu().numpy(), batch.lengths.cpu().numpy()
-            )
+            accepted += _greedy(drafter, lm_head, teacher, batch.prompt_lens.cpu().numpy(), batch.lengths.cpu().numpy())
         for start in range(0, len(sampled_ids), batch_size):
             batch = pad_batch(sequences, sampled_ids[start : start + batch_size], device, max_seq_len)
             teacher = run_teacher(target, capture, batch.tokens, batch.lengths)
-            survivals.append(
-                _sampled(drafter, lm_head, teacher, batch.prompt_lens, temperature).float().cpu()
-            )
+            survivals.append(_sampled(drafter, lm_head, teacher, batch.prompt_lens, temperature).float().cpu())
     drafter.train(was_training)
     acc = np.asarray(accepted, dtype=np.int64)
     greedy_curve = tuple(float((acc > i).mean()) if len(acc) else 0.0 for i in range(gamma))

@@ -69,9 +69,7 @@ class ObjectiveOutput:
     counted: torch.Tensor  # [gamma] float: labelled rows per block row
 
 
-def sample_anchors(
-    batch: Batch, num_anchors: int, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_anchors(batch: Batch, num_anchors: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """(anchors [B, A] int64, valid [B, A] bool): up to A distinct positions per row in
     [max(prompt_len, 1), length - 2], uniformly; rows with fewer fill the rest with invalid 0s."""
     tokens = batch.tokens

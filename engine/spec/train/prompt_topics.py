@@ -740,8 +740,7 @@ FOLLOW_UPS = (
 FIRST_TURNS = (
     (
         "What is photosynthesis?",
-        "Photosynthesis is the process plants use to turn light, water and carbon "
-        "dioxide into sugar and oxygen.",
+        "Photosynthesis is the process plants use to turn light, water and carbon dioxide into sugar and oxygen.",
     ),
     (
         "What is a hash table?",
@@ -760,23 +759,19 @@ FIRST_TURNS = (
     ),
     (
         "What is recursion?",
-        "Recursion is when a function solves a problem by calling itself on smaller "
-        "versions of the same problem.",
+        "Recursion is when a function solves a problem by calling itself on smaller versions of the same problem.",
     ),
     (
         "What is a black hole?",
-        "A black hole is a region of space where gravity is so strong that nothing, "
-        "not even light, can escape.",
+        "A black hole is a region of space where gravity is so strong that nothing, not even light, can escape.",
     ),
     (
         "What is compound interest?",
-        "Compound interest is interest earned on both your original money and "
-        "the interest it has already earned.",
+        "Compound interest is interest earned on both your original money and the interest it has already earned.",
     ),
     (
         "What is DNA?",
-        "DNA is the molecule that carries the genetic instructions living things use to grow, "
-        "function and reproduce.",
+        "DNA is the molecule that carries the genetic instructions living things use to grow, function and reproduce.",
     ),
     (
         "What is an API?",
@@ -789,8 +784,7 @@ FIRST_TURNS = (
     ),
     (
         "What is the greenhouse effect?",
-        "The greenhouse effect is the warming of Earth's surface because some "
-        "gases in the atmosphere trap heat.",
+        "The greenhouse effect is the warming of Earth's surface because some gases in the atmosphere trap heat.",
     ),
     (
         "What is a budget?",
@@ -798,13 +792,11 @@ FIRST_TURNS = (
     ),
     (
         "Who was Marie Curie?",
-        "Marie Curie was a physicist and chemist who pioneered research on "
-        "radioactivity and won two Nobel Prizes.",
+        "Marie Curie was a physicist and chemist who pioneered research on radioactivity and won two Nobel Prizes.",
     ),
     (
         "What is Git?",
-        "Git is a version control system that records changes to files so you can track "
-        "history and collaborate.",
+        "Git is a version control system that records changes to files so you can track history and collaborate.",
     ),
     (
         "What is the immune system?",

@@ -93,10 +93,7 @@ def test_cli_trains_a_loadable_drafter_and_resumes(hf_target, tmp_path, capsys) 
     # Without --resume an existing run is refused; with it, data and training state are reused.
     assert cli_train.main(["train-drafter", "--model", str(directory), "--out", str(out), *ARGS]) == 2
     assert "--resume" in capsys.readouterr().err
-    assert (
-        cli_train.main(["train-drafter", "--model", str(directory), "--out", str(out), "--resume", *ARGS])
-        == 0
-    )
+    assert cli_train.main(["train-drafter", "--model", str(directory), "--out", str(out), "--resume", *ARGS]) == 0
     again = json.loads((work / "report.json").read_text())
     assert "generation" not in again["data"]  # nothing was generated again
     assert again["train"]["steps_done"] == 30

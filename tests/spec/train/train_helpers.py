@@ -68,9 +68,7 @@ def tiny_drafter_config(target_config: ModelConfig, **overrides: Any) -> Drafter
     return DrafterConfig.for_target(target_config, "tiny-target", **fields)
 
 
-def tiny_drafter(
-    target: nn.Module, config: DrafterConfig, seed: int = 0, random_norms: bool = False
-) -> DSparkDrafter:
+def tiny_drafter(target: nn.Module, config: DrafterConfig, seed: int = 0, random_norms: bool = False) -> DSparkDrafter:
     """A drafter with every weight random (including a non-zero Markov head), bound to target."""
     torch.manual_seed(seed)
     drafter = DSparkDrafter(config)
@@ -95,9 +93,7 @@ class WordTokenizer:
         self.eos_token_ids = (EOS,)
         self.bos_token_id = BOS
 
-    def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
-    ) -> str:
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
         parts = [f"<s> {m['role']} : {m['content']} </t>" for m in messages]
         if add_generation_prompt:
             parts.append("<s> assistant :")
@@ -107,11 +103,7 @@ class WordTokenizer:
         specials = {"<s>": TURN_START, "</t>": EOS, ":": TURN_SEP}
         ids = [BOS] if add_special_tokens else []
         for word in text.split():
-            ids.append(
-                specials.get(
-                    word, FIRST_WORD_ID + zlib.crc32(word.lower().encode()) % (VOCAB - FIRST_WORD_ID)
-                )
-            )
+            ids.append(specials.get(word, FIRST_WORD_ID + zlib.crc32(word.lower().encode()) % (VOCAB - FIRST_WORD_ID)))
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
