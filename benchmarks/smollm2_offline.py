@@ -2,11 +2,14 @@
 
 - our engine, plain greedy decoding, at batch 1 and 16;
 - our engine with DSpark (the shipped drafter, or --drafter) at the same batches, once per
-  block size in --gammas (default: the drafter's own; a shorter block verifies fewer tokens);
+  block size in --gammas (default: the drafter's own; a shorter block verifies fewer tokens),
+  and with --spec-max-batch-size N once more with drafting off for decode steps of more than
+  N requests;
 - Hugging Face transformers `generate` on the same prompts and weights (the peer).
 
     python benchmarks/smollm2_offline.py [--device cpu|cuda] [--model smollm2-135m|PATH.gguf]
-        [--dtype float32|bfloat16] [--drafter DIR] [--gammas 7,4] [--batches 1,16] [--new-tokens 64]
+        [--dtype float32|bfloat16] [--drafter DIR] [--gammas 7,4] [--spec-max-batch-size N]
+        [--batches 1,16] [--new-tokens 64]
         [--min-prompts 8] [--out results.json]
 
 --dtype defaults to float32 on CPU and bfloat16 on a GPU (with CUDA graphs), the engine's
@@ -167,6 +170,11 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: float32 on CPU, else bfloat16")
     parser.add_argument("--drafter", type=Path, help="drafter directory (default: the shipped one)")
     parser.add_argument("--gammas", default="", help="DSpark block sizes, e.g. 7,4 (default: the drafter's)")
+    parser.add_argument(
+        "--spec-max-batch-size",
+        type=int,
+        help="also run DSpark (the drafter's block size) with SpeculativeConfig.max_batch_size set to this",
+    )
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument(
@@ -197,6 +205,10 @@ def main() -> None:
     variants: dict[str, SpeculativeConfig | None] = {"engine": None}
     for name, gamma in zip(dspark_names, gammas, strict=True):
         variants[name] = SpeculativeConfig(drafter=str(drafter), gamma=gamma)
+    if drafter is not None and args.spec_max_batch_size is not None:
+        name = f"engine_dspark_cap{args.spec_max_batch_size}"
+        dspark_names.append(name)
+        variants[name] = SpeculativeConfig(drafter=str(drafter), max_batch_size=args.spec_max_batch_size)
     hf_model = None if args.skip_hf else load_hf(args.model, args.device, dtype)
     eos = set(loaded.config.eos_token_ids) | set(loaded.tokenizer.eos_token_ids)
     for batch in (int(b) for b in args.batches.split(",")):
@@ -239,7 +251,8 @@ def main() -> None:
             after = engine.stats()
             verifies = after.spec_verify_steps_total - before[name].spec_verify_steps_total
             accepted = after.spec_accepted_tokens_total - before[name].spec_accepted_tokens_total
-            row[f"{name}_accept_len"] = (accepted + verifies) / max(verifies, 1)
+            # tokens per verify; 0 when every step of the run decoded without drafting
+            row[f"{name}_accept_len"] = (accepted + verifies) / verifies if verifies else 0.0
             row[f"{name}_vs_engine"] = row[name] / row["engine"]
             row[f"{name}_decode_vs_engine"] = row[f"{name}_decode"] / row["engine_decode"]
         if hf_model is not None:

@@ -101,10 +101,16 @@ class SpeculativeConfig:
     drafter: str | None = None
     gamma: int | None = None  # None: the drafter's own block size
     simulate_accept_len: float | None = None  # benchmarking only: force the accept length
+    # Decode steps of more requests than this take one token per request without drafting
+    # (a verify window costs more than it returns when the batch alone fills the device);
+    # the drafter's KV still follows every committed token. None: always draft.
+    max_batch_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.gamma is not None and not 1 <= self.gamma <= 32:
             raise ValueError(f"speculative gamma must be in [1, 32], got {self.gamma}")
+        if self.max_batch_size is not None and self.max_batch_size < 1:
+            raise ValueError(f"speculative max_batch_size must be at least 1, got {self.max_batch_size}")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from engine.kv.pool import KVPool
 from engine.models.context import CausalLM, ForwardContext
 from engine.request import Request
 from engine.runner.batch_inputs import expand_extend, uniform_window
-from engine.runner.cuda_graphs import GraphedStep
+from engine.runner.cuda_graphs import DEFAULT_BUCKETS, GraphedStep
 from engine.runner.h2d import to_device
 from engine.runner.row_sampling import RowSampling
 from engine.runner.spec_decode import SpecDecoder
@@ -63,6 +63,7 @@ class ModelRunner:
         self.spec_stats = SpecCounters(spec.gamma if spec else 0)
         self.capture_layers: tuple[int, ...] = ()
         self.graphs: GraphedStep | None = None
+        self.graphs_without_draft: GraphedStep | None = None  # DSpark batches over max_batch_size
         if spec is not None:
             draft_pool = spec.new_pool(num_slots, dtype, device)
             self.spec = SpecDecoder(spec, model, self.kv_pool, draft_pool, self.backend, self.sampling)
@@ -153,16 +154,22 @@ class ModelRunner:
         reqs = step.decode
         rows = np.array([r.row for r in reqs], dtype=np.int64)
         starts = np.array(step.kv_before, dtype=np.int32)  # plain decode: exact positions
+        drafting = self.spec is not None and self.spec.spec.drafts_at(len(reqs))
+        graphs = self.graphs if drafting or self.spec is None else self.graphs_without_draft
         graphable = all(r.params.greedy and not r.params.uses_penalties and r.params.logprobs is None for r in reqs)
-        if self.graphs is not None and graphable and self.graphs.bucket_for(len(reqs)) is not None:
-            return PendingStep(self.graphs.replay(rows, starts), self.copy_stream)
+        if graphs is not None and graphable and graphs.bucket_for(len(reqs)) is not None:
+            return PendingStep(graphs.replay(rows, starts), self.copy_stream)
         rows_d = to_device(rows, self.device)
         starts_d = to_device(starts, self.device)
         max_len = int(starts.max())
-        if self.spec is not None:
+        if self.spec is None:
+            outputs = self._plain_decode(rows_d, starts_d, max_len + 1, reqs)
+        elif drafting:
             outputs = self.spec.step(rows_d, max_len, reqs, self.req_to_token, self.last_token, self.kv_len)
         else:
-            outputs = self._plain_decode(rows_d, starts_d, max_len + 1, reqs)
+            outputs = self.spec.step_without_draft(
+                rows_d, max_len, reqs, self.req_to_token, self.last_token, self.kv_len
+            )
         return PendingStep(outputs, self.copy_stream)
 
     def _plain_decode(
@@ -189,17 +196,27 @@ class ModelRunner:
         """Capture the decode step (plain or DSpark) per batch-size bucket (GPU only)."""
         if self.device.type != "cuda":
             return
-        if self.spec is not None:
-            spec = self.spec
-
-            def body(rows_d: torch.Tensor, starts_d: torch.Tensor) -> dict[str, torch.Tensor]:
-                return spec.step(
-                    rows_d, max_context - 2 * spec.spec.window, [], self.req_to_token, self.last_token, self.kv_len
-                )
-        else:
+        if self.spec is None:
 
             def body(rows_d: torch.Tensor, starts_d: torch.Tensor) -> dict[str, torch.Tensor]:
                 return self._plain_decode(rows_d, starts_d, max_context, [])
 
+            with torch.inference_mode():
+                self.graphs = GraphedStep(body, max_batch, padding_row, self.device)
+            return
+
+        spec = self.spec
+        max_len = max_context - 2 * spec.spec.window
+
+        def drafted(rows_d: torch.Tensor, starts_d: torch.Tensor) -> dict[str, torch.Tensor]:
+            return spec.step(rows_d, max_len, [], self.req_to_token, self.last_token, self.kv_len)
+
+        def undrafted(rows_d: torch.Tensor, starts_d: torch.Tensor) -> dict[str, torch.Tensor]:
+            return spec.step_without_draft(rows_d, max_len, [], self.req_to_token, self.last_token, self.kv_len)
+
+        limit = spec.spec.max_batch_size
         with torch.inference_mode():
-            self.graphs = GraphedStep(body, max_batch, padding_row, self.device)
+            self.graphs = GraphedStep(drafted, min(max_batch, limit or max_batch), padding_row, self.device)
+            if limit is not None and limit < max_batch:
+                above = tuple(b for b in DEFAULT_BUCKETS if b > limit)  # the smaller ones never replay
+                self.graphs_without_draft = GraphedStep(undrafted, max_batch, padding_row, self.device, above)

@@ -24,6 +24,11 @@ class SpecSetup:
     drafter: DSparkDrafter
     config: DrafterConfig
     simulate_accept_len: float | None = None
+    max_batch_size: int | None = None  # SpeculativeConfig.max_batch_size
+
+    def drafts_at(self, batch: int) -> bool:
+        """Whether a decode step of `batch` requests drafts (else one token per request)."""
+        return self.max_batch_size is None or batch <= self.max_batch_size
 
     @property
     def gamma(self) -> int:
@@ -69,4 +74,6 @@ def build_spec(
         config = dataclasses.replace(config, gamma=spec.gamma)
         drafter.config = config
     drafter.bind_target(target.embed, target.compute_logits)
-    return SpecSetup(drafter=drafter, config=config, simulate_accept_len=spec.simulate_accept_len)
+    return SpecSetup(
+        drafter=drafter, config=config, simulate_accept_len=spec.simulate_accept_len, max_batch_size=spec.max_batch_size
+    )

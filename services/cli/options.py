@@ -121,12 +121,19 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "on", "off"),
         default="auto",
         help="DSpark speculative decoding; auto = on when the model ships a drafter and the engine runs "
-        "on a GPU. On CPU it pays only in bfloat16 and at low concurrency (1.5x at batch 1, 0.8x at "
+        "on a GPU. On CPU it pays only in bfloat16 and at low concurrency (1.7x at batch 1, 0.9x at "
         "batch 16; in float32 a verify window costs several single-token steps: docs/benchmarks.md), "
-        "so there it takes `--speculative on`",
+        "so there it takes `--speculative on` (with --speculative-max-batch-size)",
     )
     group.add_argument("--drafter", default=None, help="drafter checkpoint directory (default: the shipped one)")
     group.add_argument("--gamma", type=int, default=None, help="draft block size (default: the drafter's)")
+    group.add_argument(
+        "--speculative-max-batch-size",
+        type=int,
+        default=None,
+        help="decode steps of more requests than this decode one token each without drafting (the "
+        "drafter keeps up and resumes when the batch shrinks); default: always draft",
+    )
     group.add_argument("--seed", type=int, default=0, help="engine seed (default: %(default)s)")
     group.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per worker (default: 1)")
 
@@ -158,7 +165,9 @@ def engine_config_from_args(args: argparse.Namespace) -> Any:
         or args.drafter
         or (args.speculative == "auto" and shipped_drafter_available(args.model) and runs_on_gpu(args.device))
     ):
-        speculative = SpeculativeConfig(drafter=args.drafter, gamma=args.gamma)
+        speculative = SpeculativeConfig(
+            drafter=args.drafter, gamma=args.gamma, max_batch_size=args.speculative_max_batch_size
+        )
     if args.speculative == "off":
         speculative = None
     return EngineConfig(

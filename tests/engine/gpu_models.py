@@ -33,13 +33,15 @@ def random_llama_dir(out: Path, vocab_words: int = 509) -> Path:
     return out
 
 
-def gpu_engine(tmp: Path, speculative: bool, drafter_layers: int = 1, **options: object) -> EngineCore:
+def gpu_engine(
+    tmp: Path, speculative: bool, drafter_layers: int = 1, max_batch_size: int | None = None, **options: object
+) -> EngineCore:
     model_dir = random_llama_dir(tmp / "model")
     loaded = load_model(str(model_dir), dtype=torch.bfloat16, device="cuda", progress=False)
     spec = None
     if speculative:
         drafter = random_drafter_dir(tmp / "drafter", loaded, num_layers=drafter_layers)
-        spec = SpeculativeConfig(drafter=str(drafter))
+        spec = SpeculativeConfig(drafter=str(drafter), max_batch_size=max_batch_size)
     config = EngineConfig(
         model=str(model_dir),
         device="cuda",

@@ -7,6 +7,8 @@ rejection path on every step; the shipped drafter's acceptance is measured in be
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -39,6 +41,50 @@ def test_greedy_spec_equals_plain(make_engine, spec, batch):
     assert [g.text for g in got] == [e.text for e in expected]
     assert dspark.stats().spec_verify_steps_total > 0
     assert dspark.kv.usage().used_slots == 0
+
+
+def test_batches_over_the_cap_decode_without_drafting_and_stay_lossless(make_engine, spec):
+    """5 requests of staggered lengths under max_batch_size=2: the first steps (5, 4, 3
+    requests) decode one token each without drafting, the last ones draft again. Greedy
+    output is the plain engine's either way, and fewer steps verified than without the cap."""
+    prompts = [chat_ids(make_engine(), c) for c in CHAT_PROMPTS[5:10]]
+    params = [_greedy(n) for n in (6, 10, 14, 18, 22)]
+    expected = run(make_engine(max_num_seqs=5), prompts, params)
+    always = make_engine(max_num_seqs=5, speculative=spec)
+    capped = make_engine(max_num_seqs=5, speculative=dataclasses.replace(spec, max_batch_size=2))
+    got_always = run(always, prompts, params)
+    got_capped = run(capped, prompts, params)
+    assert [g.token_ids for g in got_capped] == [e.token_ids for e in expected]
+    assert [g.token_ids for g in got_always] == [e.token_ids for e in expected]
+    assert 0 < capped.stats().spec_verify_steps_total < always.stats().spec_verify_steps_total
+    assert capped.kv.usage().used_slots == 0
+
+
+def test_steps_without_drafting_keep_the_draft_kv(make_engine, spec):
+    """Under the cap every committed token still gets its draft KV: after steps of two
+    requests with max_batch_size=1 (none drafted), a request's draft KV equals what a
+    prefill of the same tokens injects, position for position."""
+    capped = make_engine(max_num_seqs=2, speculative=dataclasses.replace(spec, max_batch_size=1))
+    for i, conversation in enumerate(CHAT_PROMPTS[:2]):
+        capped.add_request(f"cap-{i}", chat_ids(capped, conversation), SamplingParams(max_tokens=40, ignore_eos=True))
+    for _ in range(10):
+        capped.step()
+    req = capped.requests["cap-0"]
+    assert req.kv_len >= len(req.prompt_ids) + 5, "several tokens decoded without drafting"
+    assert capped.stats().spec_verify_steps_total == 0
+    _, draft = capped.runner.export_kv(req)
+    tokens = list(req.all_ids[: req.kv_len])
+
+    reference = make_engine(speculative=spec)
+    reference.add_request("ref", tokens, _greedy(8))
+    while reference.requests["ref"].kv_len < len(tokens):
+        reference.step()
+    _, expected = reference.runner.export_kv(reference.requests["ref"])
+    assert draft is not None and expected is not None
+    torch.testing.assert_close(draft, expected[:, :, : len(tokens)], atol=1e-4, rtol=1e-4)
+    for engine in (capped, reference):
+        while engine.has_unfinished_requests():
+            engine.step()
 
 
 def test_stop_string_inside_a_block(make_engine, spec):

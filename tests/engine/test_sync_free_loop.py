@@ -34,10 +34,16 @@ def _guarded_run(engine, prompts) -> tuple[int, int]:
     return steps, guard.waits
 
 
-@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "dspark"])
-def test_step_loop_passes_the_cpu_sync_guard(make_engine, tmp_path_factory, smollm, speculative):
+@pytest.mark.parametrize(
+    ("speculative", "max_batch_size"),
+    [(False, None), (True, None), (True, 3)],
+    ids=["plain", "dspark", "dspark-capped"],  # capped: batches over 3 decode without drafting
+)
+def test_step_loop_passes_the_cpu_sync_guard(make_engine, tmp_path_factory, smollm, speculative, max_batch_size):
     spec = (
-        SpeculativeConfig(drafter=str(random_drafter_dir(tmp_path_factory.mktemp("d"), smollm)))
+        SpeculativeConfig(
+            drafter=str(random_drafter_dir(tmp_path_factory.mktemp("d"), smollm)), max_batch_size=max_batch_size
+        )
         if speculative
         else None
     )
@@ -63,12 +69,19 @@ def test_prefill_expansion_without_output_size_is_caught(make_engine):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
 @pytest.mark.parametrize(
-    ("speculative", "drafter_layers"), [(False, 1), (True, 1), (True, 2)], ids=["plain", "dspark", "dspark-2-layers"]
+    ("speculative", "drafter_layers", "max_batch_size"),
+    [(False, 1, None), (True, 1, None), (True, 2, None), (True, 1, 3)],
+    ids=["plain", "dspark", "dspark-2-layers", "dspark-capped"],
 )
-def test_step_loop_passes_cuda_sync_debug_mode(tmp_path_factory, speculative, drafter_layers):
+def test_step_loop_passes_cuda_sync_debug_mode(tmp_path_factory, speculative, drafter_layers, max_batch_size):
     from tests.engine.gpu_models import gpu_engine
 
-    engine = gpu_engine(tmp_path_factory.mktemp("gpu"), speculative=speculative, drafter_layers=drafter_layers)
+    engine = gpu_engine(
+        tmp_path_factory.mktemp("gpu"),
+        speculative=speculative,
+        drafter_layers=drafter_layers,
+        max_batch_size=max_batch_size,
+    )
     prompts = [[1 + (7 * i + j) % 500 for j in range(40 + 13 * i)] for i in range(6)]
     for i, prompt in enumerate(prompts):
         engine.add_request(f"g{i}", prompt, MIXED[i % len(MIXED)])

@@ -106,3 +106,13 @@ def test_engine_and_gateway_configs_from_args() -> None:
     assert gateway.router.block_tokens == 32
     forced = engine_config_from_args(parser.parse_args(["--speculative", "on", "--gamma", "4"]))
     assert forced.speculative is not None and forced.speculative.gamma == 4
+    assert forced.speculative.max_batch_size is None
+    capped = engine_config_from_args(parser.parse_args(["--speculative", "on", "--speculative-max-batch-size", "4"]))
+    assert capped.speculative is not None and capped.speculative.max_batch_size == 4
+    parser_from_env = argparse.ArgumentParser()
+    add_engine_options(parser_from_env)
+    apply_env_defaults(parser_from_env, {"DSPARK_SPECULATIVE_MAX_BATCH_SIZE": "2", "DSPARK_SPECULATIVE": "on"})
+    from_env = engine_config_from_args(parser_from_env.parse_args([]))
+    assert from_env.speculative is not None and from_env.speculative.max_batch_size == 2
+    with pytest.raises(ValueError, match="max_batch_size must be at least 1"):
+        engine_config_from_args(parser.parse_args(["--speculative", "on", "--speculative-max-batch-size", "0"]))
