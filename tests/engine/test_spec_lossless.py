@@ -60,6 +60,21 @@ def test_batches_over_the_cap_decode_without_drafting_and_stay_lossless(make_eng
     assert capped.kv.usage().used_slots == 0
 
 
+def test_sampled_steps_without_drafting_are_plain_decoding(make_engine, spec):
+    """Two seeded sampled requests finishing together under max_batch_size=1: no step
+    drafts, and each step samples as plain decoding does (same counter-based draw), so the
+    tokens are the plain engine's, token for token."""
+    prompts = [chat_ids(make_engine(), c) for c in CHAT_PROMPTS[2:4]]
+    params = [
+        SamplingParams(max_tokens=16, temperature=0.8, top_p=0.95, seed=11 + i, ignore_eos=True) for i in range(2)
+    ]
+    expected = run(make_engine(max_num_seqs=2), prompts, params)
+    capped = make_engine(max_num_seqs=2, speculative=dataclasses.replace(spec, max_batch_size=1))
+    got = run(capped, prompts, params)
+    assert [g.token_ids for g in got] == [e.token_ids for e in expected]
+    assert capped.stats().spec_verify_steps_total == 0
+
+
 def test_steps_without_drafting_keep_the_draft_kv(make_engine, spec):
     """Under the cap every committed token still gets its draft KV: after steps of two
     requests with max_batch_size=1 (none drafted), a request's draft KV equals what a
