@@ -45,6 +45,7 @@ class EngineStats:
     spec_accepted_per_position: tuple[int, ...]  # [i] = verifies whose draft i was accepted
     num_preemptions: int
     steps_total: int
+    spec_undrafted_tokens_total: int = 0  # DSpark decode tokens of steps over the batch cap
 
 
 class EngineCore:
@@ -245,6 +246,8 @@ class EngineCore:
             req.kv_ub = req.kv_len + req.inflight_steps * self.scheduler.step_width
             if result.draft_len is not None and step.kind == "decode":
                 self._record_spec(req, int(result.draft_len[i]), int(result.accept_len[i]))
+            elif step.kind == "decode" and self.runner.spec is not None:
+                self.runner.spec_stats.record_undrafted()
             n = int(result.accept_len[i])
             before = len(req.output_ids)
             out = self._outputs.append_tokens(req, result, i, n)
@@ -305,6 +308,7 @@ class EngineCore:
             spec_accepted_per_position=tuple(spec.accepted_per_position),
             num_preemptions=self.scheduler.num_preemptions,
             steps_total=self.steps_total,
+            spec_undrafted_tokens_total=spec.undrafted_tokens,
         )
 
     def run_until_idle(self) -> Iterator[RequestOutput]:

@@ -131,6 +131,12 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("dspark_prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.", _ML),
     MetricSpec("dspark_spec_draft_tokens_total", "counter", "Tokens drafted by DSpark.", _ML),
     MetricSpec("dspark_spec_accepted_tokens_total", "counter", "Drafted tokens accepted by the target.", _ML),
+    MetricSpec(
+        "dspark_spec_undrafted_tokens_total",
+        "counter",
+        "Tokens DSpark decoded without drafting (decode steps over --speculative-max-batch-size).",
+        _ML,
+    ),
 )
 
 METRIC_NAMES: frozenset[str] = frozenset(s.name for s in METRIC_SPECS)

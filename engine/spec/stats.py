@@ -11,6 +11,7 @@ class SpecCounters:
         self.accepted_tokens = 0  # drafts accepted (the bonus token is not a draft)
         self.accept_length_counts = [0] * (gamma + 2)  # [n]: verifies that committed n tokens
         self.accepted_per_position = [0] * gamma  # [i]: verifies whose draft i was accepted
+        self.undrafted_tokens = 0  # decode tokens of steps over SpeculativeConfig.max_batch_size
 
     def record(self, committed: int) -> None:
         """One verify of one request committed `committed` tokens (accepted drafts + bonus)."""
@@ -21,6 +22,10 @@ class SpecCounters:
         self.accept_length_counts[committed] += 1
         for i in range(accepted):
             self.accepted_per_position[i] += 1
+
+    def record_undrafted(self) -> None:
+        """One request decoded one token in a step that did not draft (batch over the cap)."""
+        self.undrafted_tokens += 1
 
     @property
     def mean_accept_length(self) -> float:

@@ -180,6 +180,7 @@ _COUNTERS = (
     ("prefix_cache_queries_total", "dspark_prefix_cache_queries_total"),
     ("spec_draft_tokens_total", "dspark_spec_draft_tokens_total"),
     ("spec_accepted_tokens_total", "dspark_spec_accepted_tokens_total"),
+    ("spec_undrafted_tokens_total", "dspark_spec_undrafted_tokens_total"),
 )
 
 

@@ -129,6 +129,11 @@ def test_engine_panels() -> None:
         "Prefix-cache hit rate": ["dspark_prefix_cache_hits_total", "dspark_prefix_cache_queries_total"],
         "DSpark acceptance length": ["dspark_spec_accept_length_sum", "dspark_spec_accept_length_bucket"],
         "DSpark acceptance rate": ["dspark_spec_accepted_tokens_total", "dspark_spec_draft_tokens_total"],
+        "Drafted, accepted and undrafted tokens / s": [
+            "dspark_spec_draft_tokens_total",
+            "dspark_spec_accepted_tokens_total",
+            "dspark_spec_undrafted_tokens_total",
+        ],
         "Decode step time (derived)": ["dspark_num_requests_running", "dspark_spec_accept_length_count"],
     }
     for title, metrics in expected.items():
@@ -147,6 +152,7 @@ def test_worker_series_are_deduplicated_across_gateway_pods() -> None:
         "dspark_num_requests_waiting",
         "dspark_spec_draft_tokens_total",
         "dspark_spec_accepted_tokens_total",
+        "dspark_spec_undrafted_tokens_total",
         "dspark_generation_tokens_total",
         "dspark_prompt_tokens_total",
     )

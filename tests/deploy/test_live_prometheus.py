@@ -61,6 +61,7 @@ COUNTERS: dict[str, dict[str, float]] = {
     "dspark_prefix_cache_queries_total": {"prefill": 500},
     "dspark_spec_draft_tokens_total": {"decode": 56},
     "dspark_spec_accepted_tokens_total": {"decode": 40},
+    "dspark_spec_undrafted_tokens_total": {"decode": 6},
 }
 REQUESTS_BY_STATUS = {"200": 8, "429": 1, "500": 1}  # 10 % server errors > 2 % target
 GAUGES: dict[str, dict[str, float]] = {

@@ -56,7 +56,10 @@ def test_batches_over_the_cap_decode_without_drafting_and_stay_lossless(make_eng
     got_capped = run(capped, prompts, params)
     assert [g.token_ids for g in got_capped] == [e.token_ids for e in expected]
     assert [g.token_ids for g in got_always] == [e.token_ids for e in expected]
-    assert 0 < capped.stats().spec_verify_steps_total < always.stats().spec_verify_steps_total
+    stats, always_stats = capped.stats(), always.stats()
+    assert 0 < stats.spec_verify_steps_total < always_stats.spec_verify_steps_total
+    # every request's every decode step either verified or decoded one undrafted token
+    assert stats.spec_undrafted_tokens_total > 0 and always_stats.spec_undrafted_tokens_total == 0
     assert capped.kv.usage().used_slots == 0
 
 
@@ -73,6 +76,8 @@ def test_sampled_steps_without_drafting_are_plain_decoding(make_engine, spec):
     got = run(capped, prompts, params)
     assert [g.token_ids for g in got] == [e.token_ids for e in expected]
     assert capped.stats().spec_verify_steps_total == 0
+    # one undrafted token per request and decode step: all but the first token (prefill's)
+    assert capped.stats().spec_undrafted_tokens_total == sum(len(g.token_ids) - 1 for g in got)
 
 
 def test_steps_without_drafting_keep_the_draft_kv(make_engine, spec):

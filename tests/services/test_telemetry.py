@@ -141,6 +141,14 @@ def test_worker_counters_stay_monotonic_across_restarts() -> None:
     assert sample(metrics, "dspark_spec_accept_length_sum", **labels) == 2 * 1 + 4 * 2
 
 
+def test_undrafted_tokens_are_exported() -> None:
+    metrics = Metrics()
+    exporter = WorkerStatsExporter(metrics)
+    exporter.update("d0", "decode", "m", "i1", stats(spec_undrafted_tokens_total=7))
+    exporter.update("d0", "decode", "m", "i1", stats(spec_undrafted_tokens_total=12))
+    assert sample(metrics, "dspark_spec_undrafted_tokens_total", model="m", role="decode") == 12
+
+
 def test_worker_gauges_aggregate_per_role_over_live_workers() -> None:
     metrics = Metrics()
     exporter = WorkerStatsExporter(metrics)
