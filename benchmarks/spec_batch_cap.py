@@ -7,9 +7,9 @@ measured on the same requests in alternating blocks of steps.
         [--batches 1,2,4,8,16] [--blocks 12] [--steps-per-block 4] [--out results.json]
 
 Three engines (plain; DSpark; DSpark with max_batch_size=1, which never drafts at batch 2
-and above) each hold `batch` held-out chat prompts decoding greedily with EOS ignored. The engines take turns:
-a block of steps on each, then the next block, so that a slow spell of a shared machine
-lands on all of them; each engine's figure is the median over blocks. Effective tokens/s
+and above) each hold `batch` held-out chat prompts decoding greedily with EOS ignored. The
+engines take turns, a block of steps on each, then the next block, so that a slow spell of
+a shared machine lands on all of them; each engine's figure is the median over blocks. Effective tokens/s
 is batch × tokens per request per step ÷ step time. The table ends with DSpark ÷ plain
 and undrafted ÷ plain: a cap belongs where the first falls below 1, and the second says
 what staying in step (capturing the drafter's layers, injecting the drafter's KV) costs.
