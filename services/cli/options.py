@@ -12,6 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 ENV_PREFIX = "DSPARK_"
+# DSpark drafts for decode batches up to this size on CPU: 1.5-1.8x plain decoding at
+# batches 1-4, slower than plain at 16 on a 2-core machine (docs/benchmarks.md).
+CPU_SPECULATIVE_MAX_BATCH_SIZE = 4
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -121,9 +124,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "on", "off"),
         default="auto",
         help="DSpark speculative decoding; auto = on when the model ships a drafter and the engine runs "
-        "on a GPU. On CPU it pays only in bfloat16 and at low concurrency (1.7x at batch 1, 0.9x at "
-        "batch 16; in float32 a verify window costs several single-token steps: docs/benchmarks.md), "
-        "so there it takes `--speculative on` (with --speculative-max-batch-size)",
+        "on a GPU, or on CPU in bfloat16. On CPU it pays only in bfloat16 and at low concurrency (1.7x "
+        "at batch 1, 0.9x at batch 16; in float32 a verify window costs several single-token steps: "
+        "docs/benchmarks.md), hence the CPU default of --speculative-max-batch-size",
     )
     group.add_argument("--drafter", default=None, help="drafter checkpoint directory (default: the shipped one)")
     group.add_argument("--gamma", type=int, default=None, help="draft block size (default: the drafter's)")
@@ -132,7 +135,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="decode steps of more requests than this decode one token each without drafting (the "
-        "drafter keeps up and resumes when the batch shrinks); default: always draft",
+        "drafter keeps up and resumes when the batch shrinks); default: always draft on a GPU, "
+        f"{CPU_SPECULATIVE_MAX_BATCH_SIZE} on CPU",
     )
     group.add_argument("--seed", type=int, default=0, help="engine seed (default: %(default)s)")
     group.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per worker (default: 1)")
@@ -159,15 +163,19 @@ def runs_on_gpu(device: str) -> bool:
 def engine_config_from_args(args: argparse.Namespace) -> Any:
     from engine.config import EngineConfig, SpeculativeConfig
 
+    on_gpu = runs_on_gpu(args.device)
+    # DSpark pays on CPU in bfloat16 at low concurrency only (docs/benchmarks.md)
+    worth_it = on_gpu or args.dtype == "bfloat16"
     speculative = None
     if (
         args.speculative == "on"
         or args.drafter
-        or (args.speculative == "auto" and shipped_drafter_available(args.model) and runs_on_gpu(args.device))
+        or (args.speculative == "auto" and worth_it and shipped_drafter_available(args.model))
     ):
-        speculative = SpeculativeConfig(
-            drafter=args.drafter, gamma=args.gamma, max_batch_size=args.speculative_max_batch_size
-        )
+        max_batch_size = args.speculative_max_batch_size
+        if max_batch_size is None and not on_gpu:
+            max_batch_size = CPU_SPECULATIVE_MAX_BATCH_SIZE
+        speculative = SpeculativeConfig(drafter=args.drafter, gamma=args.gamma, max_batch_size=max_batch_size)
     if args.speculative == "off":
         speculative = None
     return EngineConfig(

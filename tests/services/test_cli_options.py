@@ -6,8 +6,10 @@ import argparse
 
 import pytest
 
+from engine.config import SpeculativeConfig
 from services.cli import build_parser, discover_commands
 from services.cli.options import (
+    CPU_SPECULATIVE_MAX_BATCH_SIZE,
     add_engine_options,
     add_gateway_options,
     apply_env_defaults,
@@ -104,9 +106,9 @@ def test_engine_and_gateway_configs_from_args() -> None:
     gateway = gateway_config_from_args(args)
     assert gateway.api_keys == ("k1", "k2") and gateway.pool.max_queued_per_worker == 2
     assert gateway.router.block_tokens == 32
-    forced = engine_config_from_args(parser.parse_args(["--speculative", "on", "--gamma", "4"]))
+    forced = engine_config_from_args(parser.parse_args(["--speculative", "on", "--gamma", "4", "--device", "cuda"]))
     assert forced.speculative is not None and forced.speculative.gamma == 4
-    assert forced.speculative.max_batch_size is None
+    assert forced.speculative.max_batch_size is None  # a GPU drafts at every batch size
     capped = engine_config_from_args(parser.parse_args(["--speculative", "on", "--speculative-max-batch-size", "4"]))
     assert capped.speculative is not None and capped.speculative.max_batch_size == 4
     parser_from_env = argparse.ArgumentParser()
@@ -116,3 +118,22 @@ def test_engine_and_gateway_configs_from_args() -> None:
     assert from_env.speculative is not None and from_env.speculative.max_batch_size == 2
     with pytest.raises(ValueError, match="max_batch_size must be at least 1"):
         engine_config_from_args(parser.parse_args(["--speculative", "on", "--speculative-max-batch-size", "0"]))
+
+
+def test_speculative_defaults_on_cpu() -> None:
+    """On CPU DSpark pays in bfloat16 at low concurrency: `auto` turns it on there (not in
+    float32), and without an explicit cap it drafts for batches up to 4."""
+    parser = argparse.ArgumentParser()
+    add_engine_options(parser)
+
+    def spec(*argv: str) -> SpeculativeConfig | None:
+        return engine_config_from_args(parser.parse_args(["--device", "cpu", *argv])).speculative
+
+    assert spec() is None and spec("--dtype", "float32") is None
+    auto_bf16 = spec("--dtype", "bfloat16")
+    assert auto_bf16 is not None and auto_bf16.max_batch_size == CPU_SPECULATIVE_MAX_BATCH_SIZE == 4
+    forced = spec("--speculative", "on")
+    assert forced is not None and forced.max_batch_size == CPU_SPECULATIVE_MAX_BATCH_SIZE
+    explicit = spec("--dtype", "bfloat16", "--speculative-max-batch-size", "16")
+    assert explicit is not None and explicit.max_batch_size == 16
+    assert spec("--dtype", "bfloat16", "--speculative", "off") is None
