@@ -125,7 +125,7 @@ class ModelRunner:
         if self.spec is not None:
             aux = ctx.aux_hidden()
             assert aux is not None
-            self.spec.inject_prefill(aux, inputs.positions, inputs.meta.out_slots)
+            self.spec.inject(aux, inputs.positions, inputs.meta.out_slots)
 
         # Only chunks that end a fill sample; the others produce a padded row (accept_len 0).
         sampling = np.array([c.samples for c in chunks])
@@ -166,20 +166,24 @@ class ModelRunner:
             outputs = self._plain_decode(rows_d, starts_d, max_len + 1, reqs)
         elif drafting:
             outputs = self.spec.step(rows_d, max_len, reqs, self.req_to_token, self.last_token, self.kv_len)
-        else:
-            outputs = self.spec.step_without_draft(
-                rows_d, max_len, reqs, self.req_to_token, self.last_token, self.kv_len
-            )
+        else:  # DSpark's host knows only a bound on each row's length: the device has it
+            outputs = self._plain_decode(rows_d, self.kv_len[rows_d], max_len + 1, reqs)
         return PendingStep(outputs, self.copy_stream)
 
     def _plain_decode(
         self, rows_d: torch.Tensor, starts_d: torch.Tensor, max_seq_len: int, reqs: list[Request]
     ) -> dict[str, torch.Tensor]:
-        """One token per row at position starts[b]. `reqs` empty: greedy without penalties
-        or logprobs (the captured variant)."""
+        """One token per row at position starts_d[b] [B] int32. `reqs` empty: greedy without
+        penalties or logprobs (the captured variant). With DSpark (a batch over its cap) the
+        drafter's layers are captured and the token's KV injected into the draft pool, and
+        the token is sampled exactly as plain decoding samples it."""
         inputs = uniform_window(self.req_to_token, rows_d, starts_d, 1, max_seq_len, causal=True)
-        ctx = ForwardContext(inputs.meta, self.kv_pool, self.backend)
+        ctx = ForwardContext(inputs.meta, self.kv_pool, self.backend, capture_layers=self.capture_layers)
         hidden = self.model(self.last_token[rows_d], inputs.positions, ctx)  # [B, H]
+        if self.spec is not None:
+            aux = ctx.aux_hidden()
+            assert aux is not None  # capture_layers are the drafter's
+            self.spec.inject(aux, inputs.positions, inputs.meta.out_slots)
         logits = self.model.compute_logits(hidden)  # [B, V]
         sample = self.sampling.sample(logits, rows_d, inputs.positions + 1, reqs)
         self.last_token[rows_d] = sample.tokens
@@ -212,7 +216,7 @@ class ModelRunner:
             return spec.step(rows_d, max_len, [], self.req_to_token, self.last_token, self.kv_len)
 
         def undrafted(rows_d: torch.Tensor, starts_d: torch.Tensor) -> dict[str, torch.Tensor]:
-            return spec.step_without_draft(rows_d, max_len, [], self.req_to_token, self.last_token, self.kv_len)
+            return self._plain_decode(rows_d, self.kv_len[rows_d], max_context, [])
 
         limit = spec.spec.max_batch_size
         with torch.inference_mode():

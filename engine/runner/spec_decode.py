@@ -8,10 +8,10 @@ acceptance gives fixed-shape `out_tokens [B, W]` and `accept_len [B]`; the commi
 captured target hidden states are KV-injected into the draft pool (rejected columns: slot
 -1); the bonus token and the new length go back into the per-row buffers.
 
-Batches over `SpecSetup.max_batch_size` take `step_without_draft` instead: the target
-decodes the anchor alone, as a plain engine would, and its captured hidden state is still
-injected, so the draft pool never misses a committed token and drafting resumes as soon as
-the batch shrinks.
+Batches over `SpecSetup.max_batch_size` take the plain one-token step instead
+(ModelRunner._plain_decode), which captures the drafter's layers and `inject`s the token's
+KV, so the draft pool never misses a committed token and drafting resumes as soon as the
+batch shrinks.
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ class SpecDecoder:
         self.backend = backend
         self.sampling = sampling
 
-    def inject_prefill(self, aux_hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
-        """Prefill: every new token's captured hidden becomes draft context KV."""
+    def inject(self, aux_hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
+        """Every new token of a forward that did not draft (prefill, or a decode step over the
+        batch cap): its captured hidden state becomes draft context KV at its slot."""
         self.spec.drafter.inject_kv(aux_hidden, positions, slots, self.draft_pool)
 
     def step(
@@ -135,37 +136,6 @@ class SpecDecoder:
             "draft_len": torch.full((batch,), gamma, dtype=torch.int32, device=device),
         }
         outputs.update(self.sampling.logprob_outputs_window(logits, out_tokens, reqs))
-        return outputs
-
-    def step_without_draft(
-        self,
-        rows_d: torch.Tensor,
-        max_len: int,
-        reqs: list[Request],
-        req_to_token: torch.Tensor,
-        last_token: torch.Tensor,
-        kv_len: torch.Tensor,
-    ) -> dict[str, torch.Tensor]:
-        """One token per row: the target over the anchor at position seq_len, sampled as plain
-        decoding samples (the target's distribution, counter seq_len + 1), the anchor's KV
-        injected into the draft pool. Arguments and outputs as `step` (accept_len 1, no
-        draft_len: the step proposes nothing, so acceptance statistics skip it)."""
-        seq_lens = kv_len[rows_d]  # [B] int32, device only
-        anchor = last_token[rows_d]  # [B]
-        inputs = uniform_window(req_to_token, rows_d, seq_lens, 1, max_len + 1, causal=True)
-        ctx = ForwardContext(inputs.meta, self.target_pool, self.backend, capture_layers=self.spec.capture_layers)
-        hidden = self.model(anchor, inputs.positions, ctx)  # [B, H]
-        logits = self.model.compute_logits(hidden)  # [B, V]
-        sample = self.sampling.sample(logits, rows_d, inputs.positions + 1, reqs)
-        aux = ctx.aux_hidden()
-        assert aux is not None  # the context captures the drafter's layers
-        self.spec.drafter.inject_kv(aux, inputs.positions, inputs.meta.out_slots, self.draft_pool)
-        new_len = seq_lens + 1
-        last_token[rows_d] = sample.tokens
-        kv_len[rows_d] = new_len
-        self.sampling.record_outputs(rows_d, sample.tokens[:, None])
-        outputs = {"tokens": sample.tokens[:, None], "accept_len": torch.ones_like(new_len), "kv_len": new_len}
-        outputs.update(sample.logprob_outputs(rows_d.shape[0], None))
         return outputs
 
     def _simulate(
