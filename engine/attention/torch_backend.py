@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.attention.cpu_kernel import CpuPagedAttention
 from engine.attention.metadata import AttentionMetadata
 from engine.attention.store_kv import store_kv_torch
 
@@ -277,7 +278,9 @@ def _sdpa_grouped(
 
 
 class TorchAttentionBackend:
-    """AttentionBackend in plain torch (any device; the production path on CPU).
+    """AttentionBackend in plain torch (any device; the production path on CPU), which on CPU
+    hands forwards of a few query rows per request (decode, DSpark windows) to the compiled
+    kernel of engine.attention.cpu_kernel when it is built (`cpu_kernel=False`: never).
 
     Every layer of a forward passes the same metadata object, so on CPU the plan of the
     first call serves the layers after it. The metadata's tensors must then stay as they are
@@ -287,8 +290,9 @@ class TorchAttentionBackend:
 
     name = "torch"
 
-    def __init__(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES, cpu_kernel: bool = True) -> None:
         self.chunk_bytes = chunk_bytes
+        self.cpu_kernel = CpuPagedAttention() if cpu_kernel else None
         self.workspace = Workspace()
         self._plan: AttentionPlan | None = None  # the current forward's (CPU only)
 
@@ -303,6 +307,14 @@ class TorchAttentionBackend:
         scale: float,
         out: torch.Tensor | None = None,  # [T, Hq, D]; allocated when None
     ) -> torch.Tensor:
+        kernel = self.cpu_kernel
+        if kernel is not None and kernel.serves(q, k_cache, meta):
+            check_shapes(q, k_cache, meta)
+            if kernel.stores(k, v, k_cache, meta.out_slots):
+                kernel.store_kv(k, v, k_cache, v_cache, meta.out_slots)
+            else:
+                store_kv_torch(k, v, k_cache, v_cache, meta.out_slots)
+            return kernel(q, k_cache, v_cache, meta, scale, torch.empty_like(q) if out is None else out)
         store_kv_torch(k, v, k_cache, v_cache, meta.out_slots)
         plan = None
         if q.device.type == "cpu":

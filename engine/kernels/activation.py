@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from engine.kernels.cpu import elementwise as cpu_elementwise
 from engine.kernels.dispatch import use_triton
 
 try:
@@ -76,7 +77,10 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """SwiGLU: the Triton kernel on GPU, the torch reference elsewhere."""
+    """SwiGLU: the Triton kernel on GPU, the C kernel on CPU rows (when built), the torch
+    reference elsewhere."""
     if use_triton(x):
         return silu_and_mul_triton(x)
+    if x.dim() == 2 and cpu_elementwise.available(x):
+        return cpu_elementwise.silu_and_mul(x)
     return silu_and_mul_torch(x)

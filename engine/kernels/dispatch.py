@@ -15,7 +15,9 @@ def use_triton(x: torch.Tensor, *params: torch.Tensor) -> bool:
     the kernels have no backward, and drafter training differentiates through these layers
     (the target's weights are frozen, and serving runs under inference_mode).
 
-    CPU tensors always take the torch path, so CPU results stay those of the reference."""
+    CPU tensors never take Triton: the dispatchers give them the C kernels of
+    engine.kernels.cpu when those are built (rounding as the references do), else the torch
+    reference."""
     if not x.is_cuda or triton is None:
         return False
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, *params)))

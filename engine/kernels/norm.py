@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from engine.kernels.cpu import elementwise as cpu_elementwise
 from engine.kernels.dispatch import use_triton
 
 try:
@@ -172,16 +173,24 @@ def add_rms_norm_triton(
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim: the Triton kernel on GPU, the torch reference elsewhere."""
+    """RMSNorm over the last dim: the Triton kernel on GPU, the C kernel on CPU rows (when
+    built), the torch reference elsewhere."""
     if use_triton(x, weight):
         return rms_norm_triton(x, weight, eps)
+    if x.dim() == 2 and cpu_elementwise.available(x, weight):
+        return cpu_elementwise.rms_norm(x, weight, eps)[0]
     return rms_norm_torch(x, weight, eps)
 
 
 def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(x + residual), x + residual): one kernel on GPU, the torch reference elsewhere."""
+    """(rms_norm(x + residual), x + residual): one kernel on GPU or CPU rows, else the torch
+    reference."""
     if use_triton(x, residual, weight):
         return add_rms_norm_triton(x, residual, weight, eps)
+    if x.dim() == 2 and cpu_elementwise.available(x, residual, weight):
+        normed, residual_out = cpu_elementwise.rms_norm(x, weight, eps, residual=residual)
+        assert residual_out is not None
+        return normed, residual_out
     return add_rms_norm_torch(x, residual, weight, eps)

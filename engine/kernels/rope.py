@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from engine.kernels.cpu import elementwise as cpu_elementwise
 from engine.kernels.dispatch import use_triton
 
 try:
@@ -208,4 +209,6 @@ class RotaryAngles:
         tables = self._tables.get(q.dtype)
         if tables is None:
             tables = self._tables[q.dtype] = rope_tables_torch(self.positions, self.cos_sin_cache, q.dtype)
+        if cpu_elementwise.available(q, k):
+            return cpu_elementwise.rope(q, *tables), cpu_elementwise.rope(k, *tables)
         return rotate_torch(q, *tables), rotate_torch(k, *tables)

@@ -1,4 +1,6 @@
-"""The torch backend against a float64 per-request loop, on CPU."""
+"""The torch backend against a float64 per-request loop, on CPU: its torch path, and the
+compiled C kernel it hands decode-sized forwards to (`cpu_kernel`; skipped where it cannot
+be built)."""
 
 from __future__ import annotations
 
@@ -16,27 +18,37 @@ from attention_cases import (
 )
 
 from engine.attention import TorchAttentionBackend, select_backend
+from engine.attention.cpu_kernel import CpuPagedAttention
 from engine.attention.store_kv import store_kv, store_kv_torch
 from engine.sync_guard import SyncGuard
 
 GQA = [(4, 4), (6, 2), (8, 2)]  # (Hq, Hkv): group 1, 3, 4
+CPU_KERNEL_BUILT = CpuPagedAttention().built
+# with the C kernel: forwards of up to MAX_EXTEND rows per request take it, the others the torch path
+PATHS = [
+    pytest.param(False, id="torch-path"),
+    pytest.param(True, id="cpu-kernel", marks=pytest.mark.skipif(not CPU_KERNEL_BUILT, reason="no C compiler")),
+]
 
 
-def run_torch(case, **backend_kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def run_torch(case, cpu_kernel: bool = False, **backend_kwargs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     k_cache, v_cache = case.clone_caches()
     out = torch.full_like(case.q, float("nan"))  # poison: every row must be written
-    TorchAttentionBackend(**backend_kwargs).forward(
+    TorchAttentionBackend(cpu_kernel=cpu_kernel, **backend_kwargs).forward(
         case.q, case.k, case.v, k_cache, v_cache, case.meta, case.scale, out=out
     )
     return out, k_cache, v_cache
 
 
+@pytest.mark.parametrize("cpu_kernel", PATHS)
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("heads", GQA, ids=lambda h: f"hq{h[0]}-hkv{h[1]}")
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_torch_backend_matches_float64_loop(scenario: str, heads: tuple[int, int], page_size: int, seed: int):
+def test_torch_backend_matches_float64_loop(
+    scenario: str, heads: tuple[int, int], page_size: int, cpu_kernel: bool, seed: int
+):
     case = scenario_case(scenario, seed, num_q_heads=heads[0], num_kv_heads=heads[1], page_size=page_size)
-    out, k_cache, v_cache = run_torch(case)
+    out, k_cache, v_cache = run_torch(case, cpu_kernel=cpu_kernel)
     torch.testing.assert_close(out.double(), reference_attention(case), **tolerance(torch.float32))
     k_ref, v_ref = stored_caches_float64(case)
     # every real slot equals the expected store (NaN where never written); the sink is free
@@ -44,11 +56,12 @@ def test_torch_backend_matches_float64_loop(scenario: str, heads: tuple[int, int
     torch.testing.assert_close(v_cache[:-1].double(), v_ref[:-1], equal_nan=True, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("cpu_kernel", PATHS)
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("scenario", ["decode", "ragged-causal", "drafter"])
-def test_torch_backend_real_head_dims(scenario: str, head_dim: int, seed: int):
+def test_torch_backend_real_head_dims(scenario: str, head_dim: int, cpu_kernel: bool, seed: int):
     case = scenario_case(scenario, seed, num_q_heads=8, num_kv_heads=2, head_dim=head_dim, page_size=16)
-    out, _, _ = run_torch(case)
+    out, _, _ = run_torch(case, cpu_kernel=cpu_kernel)
     torch.testing.assert_close(out.double(), reference_attention(case), **tolerance(torch.float32))
 
 
@@ -69,7 +82,7 @@ def test_torch_backend_plans_once_per_forward(scenario: str, chunk_bytes: int, s
     """One backend through two forwards of two layers each: the plan the first layer makes
     serves the second bit for bit (with other cache contents), and the next forward's new
     metadata gets a plan of its own."""
-    backend = TorchAttentionBackend(chunk_bytes=chunk_bytes)
+    backend = TorchAttentionBackend(chunk_bytes=chunk_bytes, cpu_kernel=False)
     plans = []
     for case in (scenario_case(scenario, seed), scenario_case(scenario, seed + 1)):
         for scale in (1.0, -0.5):  # another layer: other keys and values
@@ -83,25 +96,29 @@ def test_torch_backend_plans_once_per_forward(scenario: str, chunk_bytes: int, s
     assert plans[0] is plans[1] and plans[2] is plans[3] and plans[1] is not plans[2]
 
 
+@pytest.mark.parametrize("cpu_kernel", PATHS)
+@pytest.mark.parametrize("scenario", ["ragged-causal", "verify"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_torch_backend_low_precision(dtype: torch.dtype, seed: int):
-    case = scenario_case("ragged-causal", seed, num_q_heads=8, num_kv_heads=2, head_dim=64, dtype=dtype)
-    out, _, _ = run_torch(case)
+def test_torch_backend_low_precision(dtype: torch.dtype, scenario: str, cpu_kernel: bool, seed: int):
+    case = scenario_case(scenario, seed, num_q_heads=8, num_kv_heads=2, head_dim=64, dtype=dtype)
+    out, _, _ = run_torch(case, cpu_kernel=cpu_kernel)
     assert out.dtype == dtype
     torch.testing.assert_close(out.double(), reference_attention(case), **tolerance(dtype))
 
 
-def test_torch_backend_tight_bounds_and_single_token(seed: int):
+@pytest.mark.parametrize("cpu_kernel", PATHS)
+def test_torch_backend_tight_bounds_and_single_token(cpu_kernel: bool, seed: int):
     """Host bounds equal to the true maxima, and a batch of one one-token prompt."""
     case = make_case(seed, [7, 3], [0, 5], num_q_heads=4, num_kv_heads=1, bound_slack=0)
-    out, _, _ = run_torch(case)
+    out, _, _ = run_torch(case, cpu_kernel=cpu_kernel)
     torch.testing.assert_close(out.double(), reference_attention(case), **tolerance(torch.float32))
     case = make_case(seed, [1], [0], num_q_heads=4, num_kv_heads=2, uniform=True, bound_slack=0)
-    out, _, _ = run_torch(case)
+    out, _, _ = run_torch(case, cpu_kernel=cpu_kernel)
     torch.testing.assert_close(out.double(), reference_attention(case), **tolerance(torch.float32))
 
 
-def test_torch_backend_empty_request_rows_are_zero(seed: int):
+@pytest.mark.parametrize("cpu_kernel", PATHS)
+def test_torch_backend_empty_request_rows_are_zero(cpu_kernel: bool, seed: int):
     """A padding request (seq_len 0, slot -1) in a uniform decode batch: its row is 0, the
     others are unaffected."""
     case = make_case(seed, [1, 1, 1], [4, 9, 2], num_q_heads=6, num_kv_heads=2, uniform=True)
@@ -109,14 +126,15 @@ def test_torch_backend_empty_request_rows_are_zero(seed: int):
     meta = case.meta
     meta.seq_lens[1] = 0
     meta.out_slots[1] = -1
-    out, _, _ = run_torch(case)
+    out, _, _ = run_torch(case, cpu_kernel=cpu_kernel)
     assert torch.all(out[1] == 0)
     torch.testing.assert_close(out[[0, 2]].double(), expected[[0, 2]], **tolerance(torch.float32))
 
 
-def test_torch_backend_empty_forward():
+@pytest.mark.parametrize("cpu_kernel", PATHS)
+def test_torch_backend_empty_forward(cpu_kernel: bool):
     case = make_case(0, [0, 0], [3, 0], uniform=False)
-    out, _, _ = run_torch(case)
+    out, _, _ = run_torch(case, cpu_kernel=cpu_kernel)
     assert out.shape == (0, 4, 32)
 
 
@@ -132,11 +150,12 @@ def test_store_kv_torch_writes_skips_into_the_sink(seed: int):
     torch.testing.assert_close(k2, k_cache, equal_nan=True, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("cpu_kernel", PATHS)
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_torch_backend_is_sync_free(scenario: str, seed: int):
+def test_torch_backend_is_sync_free(scenario: str, cpu_kernel: bool, seed: int):
     case = scenario_case(scenario, seed, num_q_heads=6, num_kv_heads=2, page_size=16)
     k_cache, v_cache = case.clone_caches()
-    backend = TorchAttentionBackend(chunk_bytes=30_000)  # chunked loops too
+    backend = TorchAttentionBackend(chunk_bytes=30_000, cpu_kernel=cpu_kernel)  # chunked loops too
     with SyncGuard("cpu"):
         out = backend.forward(case.q, case.k, case.v, k_cache, v_cache, case.meta, case.scale)
     torch.testing.assert_close(out.double(), reference_attention(case), **tolerance(torch.float32))

@@ -16,6 +16,7 @@ from engine.distributed.layers import (
     VocabParallelEmbedding,
 )
 from engine.kernels import silu_and_mul
+from engine.kernels.norm import rms_norm_torch
 from engine.loader.hf import config_from_hf_dict
 from engine.models.layers import RMSNorm, RotaryEmbedding, rope_inv_freq
 
@@ -32,7 +33,11 @@ def test_rms_norm_matches_transformers(dtype):
     ours, ref = ours.to(dtype), ref.to(dtype)
     y = ours(x)
     assert y.dtype == dtype
-    assert torch.equal(y, ref(x))
+    expected = ref(x)
+    # the reference formula is Hugging Face's, bit for bit; the C kernel that serves CPU rows
+    # repeats its roundings but sums the squares in another order (tests/cpu_kernels)
+    assert torch.equal(rms_norm_torch(x, ours.weight, 1e-5), expected)
+    torch.testing.assert_close(y, expected, **({} if dtype == torch.float32 else {"rtol": 2**-6, "atol": 1e-6}))
 
 
 def test_silu_and_mul():

@@ -1,0 +1,112 @@
+"""Compile the C kernels of this folder at first use and load them with ctypes.
+
+Each `<name>.c` becomes one shared library, built with the system C compiler (`$CC`, else
+`cc`) for this CPU (`-march=native`) with OpenMP, and cached under
+`$DSPARK_CACHE_DIR/cpu-kernels` (default `~/.cache/dspark-serve`), keyed by a hash of the
+sources, the flags, the compiler and the CPU's flags, so a change to any of them builds
+again. Triton needs the same compiler at run time for its launchers, so this adds no new
+requirement to a GPU install; a CPU install without a compiler falls back to the torch
+path (`load` returns None and says why, once).
+
+The library links OpenMP by its soname, libgomp.so.1; torch has loaded its own copy by that
+name already, so the kernels share torch's thread pool instead of starting a second one.
+`DSPARK_CPU_KERNELS=0` turns the kernels off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+SOURCE_DIR = Path(__file__).resolve().parent
+# No -ffast-math: masked scores are -inf, which finite-math-only would be free to break.
+# Reassociation alone lets the compiler vectorise the dot products and sums.
+CFLAGS = (
+    "-O3", "-march=native", "-mprefer-vector-width=512", "-fPIC", "-shared", "-fopenmp", "-std=c11",
+    "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
+)  # fmt: skip
+
+
+def enabled() -> bool:
+    return os.environ.get("DSPARK_CPU_KERNELS", "1") not in ("0", "false", "no", "off")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("DSPARK_CACHE_DIR") or Path.home() / ".cache" / "dspark-serve"
+    return Path(root) / "cpu-kernels"
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _library_path(name: str, compiler: str) -> Path:
+    sources = sorted(SOURCE_DIR.glob("*.[ch]"))
+    digest = hashlib.sha256()
+    for part in (*CFLAGS, compiler, _cpu_flags()):
+        digest.update(part.encode())
+    for source in sources:
+        digest.update(source.name.encode())
+        digest.update(source.read_bytes())
+    return cache_dir() / f"{name}-{digest.hexdigest()[:16]}.so"
+
+
+def _build(name: str, compiler: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        partial = Path(tmp) / target.name
+        command = [compiler, *CFLAGS, "-I", str(SOURCE_DIR), str(SOURCE_DIR / f"{name}.c"), "-o", str(partial), "-lm"]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise OSError(f"{' '.join(command)} failed:\n{result.stderr.strip()}")
+        os.replace(partial, target)  # atomic: a concurrent builder sees a whole library or none
+
+
+@functools.cache
+def load(name: str) -> ctypes.CDLL | None:
+    """The compiled `<name>.c` of this folder, built now if its cache entry is missing; None
+    when the kernels are off or cannot be built here (logged once)."""
+    if not enabled():
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        logger.warning("no C compiler found ($CC, cc, gcc): CPU kernels %s fall back to torch", name)
+        return None
+    target = _library_path(name, compiler)
+    try:
+        if not target.exists():
+            _build(name, compiler, target)
+        return ctypes.CDLL(str(target))
+    except OSError as exc:
+        logger.warning("CPU kernels %s fall back to torch: %s", name, exc)
+        return None
+
+
+def bind(library: ctypes.CDLL, name: str, argtypes: Sequence[Any], restype: Any = None) -> Callable[..., Any]:
+    """`library`'s function `name`, with its C signature declared (ctypes then converts and
+    checks every argument instead of guessing)."""
+    function = getattr(library, name)
+    function.argtypes = list(argtypes)
+    function.restype = restype
+    return function
