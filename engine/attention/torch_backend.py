@@ -292,7 +292,8 @@ class TorchAttentionBackend:
 
     def __init__(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES, cpu_kernel: bool = True) -> None:
         self.chunk_bytes = chunk_bytes
-        self.cpu_kernel = CpuPagedAttention() if cpu_kernel else None
+        self.use_cpu_kernel = cpu_kernel
+        self._cpu_kernel: CpuPagedAttention | None = None  # built at the first CPU forward
         self.workspace = Workspace()
         self._plan: AttentionPlan | None = None  # the current forward's (CPU only)
 
@@ -307,7 +308,9 @@ class TorchAttentionBackend:
         scale: float,
         out: torch.Tensor | None = None,  # [T, Hq, D]; allocated when None
     ) -> torch.Tensor:
-        kernel = self.cpu_kernel
+        kernel = self._cpu_kernel
+        if kernel is None and self.use_cpu_kernel and q.device.type == "cpu":
+            kernel = self._cpu_kernel = CpuPagedAttention()
         if kernel is not None and kernel.serves(q, k_cache, meta):
             check_shapes(q, k_cache, meta)
             if kernel.stores(k, v, k_cache, meta.out_slots):
