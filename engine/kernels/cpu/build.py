@@ -20,6 +20,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -33,9 +34,9 @@ SOURCE_DIR = Path(__file__).resolve().parent
 # No -ffast-math: masked scores are -inf, which finite-math-only would be free to break.
 # Reassociation alone lets the compiler vectorise the dot products and sums.
 CFLAGS = (
-    "-O3", "-march=native", "-mprefer-vector-width=512", "-fPIC", "-shared", "-fopenmp", "-std=c11",
+    "-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-std=c11",
     "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
-)  # fmt: skip
+) + (("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ())  # fmt: skip
 
 
 def enabled() -> bool:
