@@ -40,6 +40,25 @@ ALWAYS_INLINE const void *element_address(const void *base, int64_t i, const int
     return is_bf16 ? (const void *)((const bf16 *)base + i) : (const void *)((const float *)base + i);
 }
 
+/* Element offset of query row r of a task (position j0 + r / group, head kv_head * group +
+   r % group) in a [T, Hq, D] tensor with the given strides. */
+ALWAYS_INLINE int64_t query_row_offset(int64_t first_token, int64_t j0, int64_t r, int64_t group, int64_t kv_head,
+                                       int64_t stride_t, int64_t stride_h) {
+    return (first_token + j0 + r / group) * stride_t + (kv_head * group + r % group) * stride_h;
+}
+
+/* Key j's row of `cache` (head_offset picks the task's kv head) as fp32 into `row`, asking
+   for the row PREFETCH_AHEAD keys on meanwhile. */
+ALWAYS_INLINE void load_kv_row(const void *cache, const int32_t *slots, int64_t j, int64_t kv_end,
+                               int64_t kv_stride_s, int64_t head_offset, const int64_t D, float *row,
+                               const int is_bf16) {
+    if (j + PREFETCH_AHEAD < kv_end)
+        prefetch_row(element_address(cache, slots[j + PREFETCH_AHEAD] * kv_stride_s + head_offset, is_bf16),
+                     D * (is_bf16 ? 2 : 4));
+    const int64_t start = slots[j] * kv_stride_s + head_offset;
+    for (int64_t d = 0; d < D; d++) row[d] = load_elem(cache, start + d, is_bf16);
+}
+
 /* Floats of workspace one thread needs for `max_seq_len` keys and `group` query heads per kv head. */
 int64_t workspace_floats(int64_t max_seq_len, int64_t group, int64_t head_dim) {
     int64_t rows = (int64_t)QUERY_BLOCK * group;
@@ -54,14 +73,14 @@ ALWAYS_INLINE void attention_task(const void *q, int64_t q_stride_t, int64_t q_s
                                   int64_t kv_head, int64_t group, const int64_t D, int causal, float scale, void *out,
                                   int64_t out_stride_t, int64_t out_stride_h, float *ws, const int is_bf16) {
     const int64_t rows = n * group; /* row r: query position j0 + r / group, head r % group */
-    const int64_t row_bytes = D * (is_bf16 ? 2 : 4);
+    const int64_t head_offset = kv_head * kv_stride_h;
     float *qf = ws;                 /* [rows, D] scaled queries */
     float *acc = qf + rows * D;     /* [rows, D] */
     float *kv_row = acc + rows * D; /* [D] */
     float *scores = kv_row + D;     /* [rows, kv_end] */
     if (seq_len <= 0) {
         for (int64_t r = 0; r < rows; r++) {
-            const int64_t o = (first_token + j0 + r / group) * out_stride_t + (kv_head * group + r % group) * out_stride_h;
+            const int64_t o = query_row_offset(first_token, j0, r, group, kv_head, out_stride_t, out_stride_h);
             for (int64_t d = 0; d < D; d++) store_elem(out, o + d, 0.0f, is_bf16);
         }
         return;
@@ -69,14 +88,11 @@ ALWAYS_INLINE void attention_task(const void *q, int64_t q_stride_t, int64_t q_s
     int64_t kv_end = causal ? prefix + j0 + n : seq_len;
     if (kv_end > seq_len) kv_end = seq_len;
     for (int64_t r = 0; r < rows; r++) {
-        const int64_t qr = (first_token + j0 + r / group) * q_stride_t + (kv_head * group + r % group) * q_stride_h;
+        const int64_t qr = query_row_offset(first_token, j0, r, group, kv_head, q_stride_t, q_stride_h);
         for (int64_t d = 0; d < D; d++) qf[r * D + d] = load_elem(q, qr + d, is_bf16) * scale;
     }
     for (int64_t j = 0; j < kv_end; j++) {
-        if (j + PREFETCH_AHEAD < kv_end)
-            prefetch_row(element_address(k_cache, slots[j + PREFETCH_AHEAD] * kv_stride_s + kv_head * kv_stride_h, is_bf16), row_bytes);
-        const int64_t kr = slots[j] * kv_stride_s + kv_head * kv_stride_h;
-        for (int64_t d = 0; d < D; d++) kv_row[d] = load_elem(k_cache, kr + d, is_bf16);
+        load_kv_row(k_cache, slots, j, kv_end, kv_stride_s, head_offset, D, kv_row, is_bf16);
         for (int64_t r = 0; r < rows; r++) {
             const float *qv = qf + r * D;
             float s = 0.0f;
@@ -102,10 +118,7 @@ ALWAYS_INLINE void attention_task(const void *q, int64_t q_stride_t, int64_t q_s
     }
     memset(acc, 0, (size_t)(rows * D) * sizeof(float));
     for (int64_t j = 0; j < kv_end; j++) {
-        if (j + PREFETCH_AHEAD < kv_end)
-            prefetch_row(element_address(v_cache, slots[j + PREFETCH_AHEAD] * kv_stride_s + kv_head * kv_stride_h, is_bf16), row_bytes);
-        const int64_t vr = slots[j] * kv_stride_s + kv_head * kv_stride_h;
-        for (int64_t d = 0; d < D; d++) kv_row[d] = load_elem(v_cache, vr + d, is_bf16);
+        load_kv_row(v_cache, slots, j, kv_end, kv_stride_s, head_offset, D, kv_row, is_bf16);
         for (int64_t r = 0; r < rows; r++) {
             const float p = scores[r * kv_end + j];
             float *a = acc + r * D;
@@ -113,7 +126,7 @@ ALWAYS_INLINE void attention_task(const void *q, int64_t q_stride_t, int64_t q_s
         }
     }
     for (int64_t r = 0; r < rows; r++) {
-        const int64_t o = (first_token + j0 + r / group) * out_stride_t + (kv_head * group + r % group) * out_stride_h;
+        const int64_t o = query_row_offset(first_token, j0, r, group, kv_head, out_stride_t, out_stride_h);
         for (int64_t d = 0; d < D; d++) store_elem(out, o + d, acc[r * D + d], is_bf16);
     }
 }

@@ -4,9 +4,9 @@ Each `<name>.c` becomes one shared library, built with the system C compiler (`$
 `cc`) for this CPU (`-march=native`) with OpenMP, and cached under
 `$DSPARK_CACHE_DIR/cpu-kernels` (default `~/.cache/dspark-serve`), keyed by a hash of the
 sources, the flags, the compiler and the CPU's flags, so a change to any of them builds
-again. Triton needs the same compiler at run time for its launchers, so this adds no new
-requirement to a GPU install; a CPU install without a compiler falls back to the torch
-path (`load` returns None and says why, once).
+again. Only CPU processes build them (Triton needs a C compiler at run time anyway, for its
+launchers); a CPU install without a compiler falls back to the torch path (`load` returns
+None and says why, once).
 
 The library links OpenMP by its soname, libgomp.so.1; torch has loaded its own copy by that
 name already, so the kernels share torch's thread pool instead of starting a second one.

@@ -2,7 +2,7 @@
 and the RoPE rotation, one pass each on CPU tensors of bf16 or fp32.
 
 Each function returns new contiguous tensors, as its torch reference does, and rounds where
-that reference rounds (tests/kernels/test_cpu_elementwise.py compares them).
+that reference rounds (tests/cpu_kernels/test_cpu_elementwise.py compares them).
 `available(...)` says whether a call can take this path: the library is built, the tensors
 are CPU bf16/fp32 with a contiguous last dim, and autograd need not record the op.
 """
