@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,6 +57,7 @@ class CpuPagedAttention:
             for dtype, name in _KERNELS.items():
                 self._functions[dtype] = bind(library, name, _ARGTYPES)
         self._workspace = torch.empty(0, dtype=torch.float32)
+        self._args: _MetadataArgs | None = None  # of the current forward
 
     @property
     def built(self) -> bool:
@@ -110,16 +112,11 @@ class CpuPagedAttention:
         if num_tokens == 0 or meta.batch_size == 0:
             return out
         threads = torch.get_num_threads()
-        kv_len = max(1, min(meta.max_seq_len, meta.req_to_token.shape[1]))
-        assert self._workspace_floats is not None, "call serves() first"
-        per_thread = int(self._workspace_floats(kv_len, num_q_heads // num_kv_heads, head_dim))
-        if self._workspace.numel() < threads * per_thread:
-            self._workspace = torch.empty(threads * per_thread, dtype=torch.float32)
-        table = _as(meta.req_to_token, torch.int32)
-        req_rows = _as(meta.req_rows, torch.int64)
-        seq_lens = _as(meta.seq_lens, torch.int32)
-        extend_lens = _as(meta.extend_lens, torch.int32)
-        q_start = _as(meta.q_start, torch.int32)
+        args = self._metadata_args(meta, num_q_heads // num_kv_heads, head_dim)
+        if self._workspace.numel() < threads * args.floats_per_thread:
+            self._workspace = torch.empty(threads * args.floats_per_thread, dtype=torch.float32)
+        table, req_rows, seq_lens, extend_lens, q_start = args.tensors
+        kv_len, per_thread = args.kv_len, args.floats_per_thread
         self._functions[q.dtype](
             q.data_ptr(), q.stride(0), q.stride(1),
             k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1),
@@ -131,6 +128,39 @@ class CpuPagedAttention:
             self._workspace.data_ptr(), per_thread, threads,
         )  # fmt: skip
         return out
+
+    def _metadata_args(self, meta: AttentionMetadata, group: int, head_dim: int) -> _MetadataArgs:
+        """The kernel's view of `meta`, made at the forward's first layer and reused by the
+        others (every layer passes the same metadata object, which is not rewritten meanwhile:
+        the torch path's AttentionPlan relies on the same)."""
+        args = self._args
+        if args is None or args.meta is not meta or args.shape != (group, head_dim):
+            assert self._workspace_floats is not None, "call serves() first"
+            kv_len = max(1, min(meta.max_seq_len, meta.req_to_token.shape[1]))
+            args = self._args = _MetadataArgs(
+                meta=meta,
+                shape=(group, head_dim),
+                tensors=(
+                    _as(meta.req_to_token, torch.int32),
+                    _as(meta.req_rows, torch.int64),
+                    _as(meta.seq_lens, torch.int32),
+                    _as(meta.extend_lens, torch.int32),
+                    _as(meta.q_start, torch.int32),
+                ),  # fmt: skip
+                kv_len=kv_len,
+                floats_per_thread=int(self._workspace_floats(kv_len, group, head_dim)),
+            )
+        return args
+
+
+@dataclass
+class _MetadataArgs:
+    meta: AttentionMetadata
+    shape: tuple[int, int]  # (query heads per kv head, head_dim) the workspace size is for
+    # req_to_token, req_rows, seq_lens, extend_lens, q_start in the kernel's int types
+    tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+    kv_len: int  # the host's bound on seq_lens, at most the table's width
+    floats_per_thread: int
 
 
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -178,7 +178,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if use_triton(x, weight):
         return rms_norm_triton(x, weight, eps)
     if x.dim() == 2 and cpu_elementwise.available(x, weight):
-        return cpu_elementwise.rms_norm(x, weight, eps)[0]
+        return cpu_elementwise.rms_norm(x, weight, eps)
     return rms_norm_torch(x, weight, eps)
 
 
@@ -190,7 +190,5 @@ def add_rms_norm(
     if use_triton(x, residual, weight):
         return add_rms_norm_triton(x, residual, weight, eps)
     if x.dim() == 2 and cpu_elementwise.available(x, residual, weight):
-        normed, residual_out = cpu_elementwise.rms_norm(x, weight, eps, residual=residual)
-        assert residual_out is not None
-        return normed, residual_out
+        return cpu_elementwise.add_rms_norm(x, residual, weight, eps)
     return add_rms_norm_torch(x, residual, weight, eps)

@@ -58,22 +58,38 @@ def _function(name: str, dtype: torch.dtype) -> Callable[..., None]:
     return functions[(name, dtype)]
 
 
-def rms_norm(
-    x: torch.Tensor,  # [T, N], rows may be strided
-    weight: torch.Tensor,  # [N]
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [T, N] (rows may be strided), weight [N] -> normed [T, N]."""
+    out = torch.empty(x.shape, dtype=x.dtype)
+    _rms_norm(x, weight, eps, out, None, None)
+    return out
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, residual [T, N], weight [N] -> (rms_norm(x + residual), x + residual), both [T, N]."""
+    out = torch.empty(x.shape, dtype=x.dtype)
+    residual_out = torch.empty(x.shape, dtype=x.dtype)
+    _rms_norm(x, weight, eps, out, residual, residual_out)
+    return out, residual_out
+
+
+def _rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
     eps: float,
-    residual: torch.Tensor | None = None,  # [T, N]
-) -> tuple[torch.Tensor, torch.Tensor | None]:  # (normed [T, N], x + residual [T, N] or None)
+    out: torch.Tensor,
+    residual: torch.Tensor | None,  # None: plain RMSNorm
+    residual_out: torch.Tensor | None,  # where x + residual goes, with residual
+) -> None:
     rows, n = x.shape
-    out = torch.empty((rows, n), dtype=x.dtype)
-    residual_out = None if residual is None else torch.empty((rows, n), dtype=x.dtype)
     _function("rms_norm", x.dtype)(
         x.data_ptr(), x.stride(0),
         0 if residual is None else residual.data_ptr(), 0 if residual is None else residual.stride(0),
         weight.contiguous().data_ptr(), out.data_ptr(), 0 if residual_out is None else residual_out.data_ptr(),
         rows, n, eps, torch.get_num_threads(),
     )  # fmt: skip
-    return out, residual_out
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
