@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.distributed.parallel import all_gather, all_reduce, divide, tp_rank, tp_size
-from engine.kernels.cpu_linear import linear
+from engine.kernels.cpu_linear import linear, linear_swiglu
 
 
 def _check_shape(name: str, full: torch.Tensor, expected: tuple[int, ...]) -> None:
@@ -85,6 +85,20 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         rows = self.output_sizes[shard_id] // self.tp_size
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
         param.data.narrow(0, offset, rows).copy_(full.narrow(0, self.tp_rank * rows, rows))
+
+
+class SwiGLUParallelLinear(MergedColumnParallelLinear):
+    """An MLP's gate and up projections with SwiGLU after them: x -> silu(x Wg^T) * (x Wu^T),
+    [..., I / tp]. Each rank's weight is its [gate | up] slice, so the activation needs no
+    communication. On CPU with AMX the packed kernel applies it to the sums directly."""
+
+    packs_gated = True  # engine.kernels.cpu_linear packs [gate | up] for linear_swiglu
+
+    def __init__(self, input_size: int, intermediate_size: int, bias: bool = False):
+        super().__init__(input_size, [intermediate_size, intermediate_size], bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear_swiglu(x, self.weight, self.bias)
 
 
 class QKVParallelLinear(ColumnParallelLinear):

@@ -16,14 +16,13 @@ from torch import nn
 
 from engine.config import ModelConfig
 from engine.distributed.layers import (
-    MergedColumnParallelLinear,
     ParallelLMHead,
     QKVParallelLinear,
     RowParallelLinear,
+    SwiGLUParallelLinear,
     VocabParallelEmbedding,
     default_weight_loader,
 )
-from engine.kernels import silu_and_mul
 from engine.kernels.rope import RotaryAngles
 from engine.models.context import ForwardContext
 from engine.models.layers import RMSNorm, RotaryEmbedding
@@ -67,13 +66,11 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(
-            config.hidden_size, [config.intermediate_size, config.intermediate_size]
-        )
+        self.gate_up_proj = SwiGLUParallelLinear(config.hidden_size, config.intermediate_size)
         self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj(x))
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -10,7 +10,8 @@ None and says why, once).
 
 The library links OpenMP by its soname, libgomp.so.1; torch has loaded its own copy by that
 name already, so the kernels share torch's thread pool instead of starting a second one.
-`DSPARK_CPU_KERNELS=0` turns the kernels off.
+`DSPARK_CPU_KERNELS=0` turns the kernels off; a comma-separated list of names
+(`attention,elementwise,gemm`) keeps only those.
 """
 
 from __future__ import annotations
@@ -39,8 +40,13 @@ CFLAGS = (
 ) + (("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ())  # fmt: skip
 
 
-def enabled() -> bool:
-    return os.environ.get("DSPARK_CPU_KERNELS", "1") not in ("0", "false", "no", "off")
+def enabled(name: str) -> bool:
+    setting = os.environ.get("DSPARK_CPU_KERNELS", "1").strip().lower()
+    if setting in ("1", "true", "yes", "on"):
+        return True
+    if setting in ("0", "false", "no", "off"):
+        return False
+    return name in {part.strip() for part in setting.split(",")}
 
 
 def cache_dir() -> Path:
@@ -88,7 +94,7 @@ def _build(name: str, compiler: str, target: Path) -> None:
 def load(name: str) -> ctypes.CDLL | None:
     """The compiled `<name>.c` of this folder, built now if its cache entry is missing; None
     when the kernels are off or cannot be built here (logged once)."""
-    if not enabled():
+    if not enabled(name):
         return None
     compiler = _compiler()
     if compiler is None:
