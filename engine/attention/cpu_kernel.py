@@ -48,6 +48,7 @@ class CpuPagedAttention:
         self._functions: dict[torch.dtype, Callable[..., Any]] = {}
         self._workspace_floats: Callable[..., int] | None = None
         self._store_kv: Callable[..., None] | None = None
+        self.uses_amx = False
         if library is not None:
             self._workspace_floats = bind(library, "workspace_floats", [_C_INT64] * 3, _C_INT64)
             # k, its token stride, v, its token stride, k_cache, v_cache, out_slots, T, Hkv * D, bytes
@@ -56,6 +57,8 @@ class CpuPagedAttention:
             )
             for dtype, name in _KERNELS.items():
                 self._functions[dtype] = bind(library, name, _ARGTYPES)
+            # bf16 tasks run on the AMX tiles where the CPU has them and Linux grants the state
+            self.uses_amx = bool(bind(library, "attention_amx_init", [], ctypes.c_int)())
         self._workspace = torch.empty(0, dtype=torch.float32)
         self._args: _MetadataArgs | None = None  # of the current forward
 

@@ -10,7 +10,7 @@ import logging
 
 import pytest
 import torch
-from attention_cases import make_case, scenario_case, stored_caches_float64, tolerance
+from attention_cases import make_case, reference_attention, scenario_case, stored_caches_float64, tolerance
 
 from engine.attention import TorchAttentionBackend
 from engine.attention.cpu_kernel import MAX_EXTEND, CpuPagedAttention
@@ -41,6 +41,24 @@ def test_kernel_matches_torch_path_at_model_shapes(window: int, dtype: torch.dty
     case = make_case(seed, [window] * 16, prefix, num_q_heads=9, num_kv_heads=3, head_dim=64, uniform=True, dtype=dtype)
     torch_out, kernel_out = both_paths(case)
     torch.testing.assert_close(kernel_out, torch_out, **tolerance(dtype))
+
+
+@pytest.mark.skipif(not CpuPagedAttention().uses_amx, reason="no AMX tiles: bf16 tasks take the generic loop")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads", [(4, 4), (9, 3), (16, 2), (16, 1)], ids=lambda h: f"hq{h[0]}-hkv{h[1]}")
+@pytest.mark.parametrize("scenario", ["decode", "verify", "drafter", "mixed"])
+def test_amx_tasks_match_float64(scenario: str, heads: tuple[int, int], head_dim: int, seed: int):
+    """bf16 at head_dim 64/128 runs on the tiles: groups of 1-16 query heads (8, 5, 2 and 1
+    positions per task), causal and not, contexts past one 32-key block, NaN-poisoned unused
+    cache rows (a gathered row outside the context would spread NaN)."""
+    shape = {"num_q_heads": heads[0], "num_kv_heads": heads[1], "head_dim": head_dim, "dtype": torch.bfloat16}
+    if scenario == "mixed":  # ragged extends of 1-8 rows, one request with no context before it
+        case = make_case(seed, [1, 5, 8, 2, 7], [0, 40, 70, 33, 1], bound_slack=0, **shape)
+    else:
+        case = scenario_case(scenario, seed, max_len=70, **shape)
+    assert CpuPagedAttention().serves(case.q, case.k_cache, case.meta)
+    _, kernel_out = both_paths(case)
+    torch.testing.assert_close(kernel_out.double(), reference_attention(case), **tolerance(torch.bfloat16))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -21,6 +21,7 @@
    workspace: num_threads * workspace_floats(kv_len, ...) floats, one slice per OpenMP thread.
    Mirrors engine.attention.torch_backend.paged_attention_torch (the reference in tests). */
 
+#define _GNU_SOURCE /* syscall() under -std=c11, for the tile state (attention_amx.h) */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -57,6 +58,47 @@ ALWAYS_INLINE void load_kv_row(const void *cache, const int32_t *slots, int64_t 
                      D * (is_bf16 ? 2 : 4));
     const int64_t start = slots[j] * kv_stride_s + head_offset;
     for (int64_t d = 0; d < D; d++) row[d] = load_elem(cache, start + d, is_bf16);
+}
+
+/* scores [rows, kv_end] -> softmax probabilities per row, in place, in fp32. Row r (query
+   position j0 + r / group) sees keys [0, visible); the rest of its scores become probability 0. */
+static void softmax_rows(float *scores, int64_t rows, int64_t kv_end, int causal, int64_t prefix, int64_t j0,
+                         int64_t group) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *sr = scores + r * kv_end;
+        int64_t visible = causal ? prefix + j0 + r / group + 1 : kv_end;
+        if (visible > kv_end) visible = kv_end;
+        float row_max = -INFINITY;
+        for (int64_t j = 0; j < visible; j++) row_max = sr[j] > row_max ? sr[j] : row_max;
+        float total = 0.0f;
+        for (int64_t j = 0; j < visible; j++) {
+            sr[j] = exp_approx(sr[j] - row_max);
+            total += sr[j];
+        }
+        for (int64_t j = visible; j < kv_end; j++) sr[j] = 0.0f;
+        const float inv = 1.0f / total;
+        for (int64_t j = 0; j < visible; j++) sr[j] *= inv;
+    }
+}
+
+#include "attention_amx.h"
+
+/* Whether a task of this call runs on the tiles (attention_amx.h), and the query positions per
+   task: at most 16 rows (positions x group) there, QUERY_BLOCK positions otherwise. */
+static inline int use_amx(int64_t group, int64_t head_dim, const int is_bf16) {
+#if ATTENTION_AMX
+    return is_bf16 && amx_ready && (head_dim == 64 || head_dim == 128) && group <= AMX_ROWS;
+#else
+    (void)group, (void)head_dim, (void)is_bf16;
+    return 0;
+#endif
+}
+
+static inline int64_t task_positions(int64_t group, int64_t head_dim, const int is_bf16) {
+#if ATTENTION_AMX
+    if (use_amx(group, head_dim, is_bf16)) return AMX_ROWS / group < QUERY_BLOCK ? AMX_ROWS / group : QUERY_BLOCK;
+#endif
+    return QUERY_BLOCK;
 }
 
 /* Floats of workspace one thread needs for `max_seq_len` keys and `group` query heads per kv head. */
@@ -100,22 +142,7 @@ ALWAYS_INLINE void attention_task(const void *q, int64_t q_stride_t, int64_t q_s
             scores[r * kv_end + j] = s;
         }
     }
-    for (int64_t r = 0; r < rows; r++) {
-        float *sr = scores + r * kv_end;
-        /* row r sees keys [0, visible); the rest of its scores become probability 0 */
-        int64_t visible = causal ? prefix + j0 + r / group + 1 : kv_end;
-        if (visible > kv_end) visible = kv_end;
-        float row_max = -INFINITY;
-        for (int64_t j = 0; j < visible; j++) row_max = sr[j] > row_max ? sr[j] : row_max;
-        float total = 0.0f;
-        for (int64_t j = 0; j < visible; j++) {
-            sr[j] = exp_approx(sr[j] - row_max);
-            total += sr[j];
-        }
-        for (int64_t j = visible; j < kv_end; j++) sr[j] = 0.0f;
-        const float inv = 1.0f / total;
-        for (int64_t j = 0; j < visible; j++) sr[j] *= inv;
-    }
+    softmax_rows(scores, rows, kv_end, causal, prefix, j0, group);
     memset(acc, 0, (size_t)(rows * D) * sizeof(float));
     for (int64_t j = 0; j < kv_end; j++) {
         load_kv_row(v_cache, slots, j, kv_end, kv_stride_s, head_offset, D, kv_row, is_bf16);
@@ -143,13 +170,28 @@ ALWAYS_INLINE void run_task(int64_t task, const void *q, int64_t q_stride_t, int
     const int64_t group = num_q_heads / num_kv_heads;
     const int64_t b = task / (num_kv_heads * blocks);
     const int64_t kv_head = (task / blocks) % num_kv_heads;
-    const int64_t j0 = (task % blocks) * QUERY_BLOCK;
+    const int64_t positions = task_positions(group, head_dim, is_bf16);
+    const int64_t j0 = (task % blocks) * positions;
     const int64_t extend = extend_lens[b];
     if (j0 >= extend) return;
-    const int64_t n = extend - j0 < QUERY_BLOCK ? extend - j0 : QUERY_BLOCK;
+    const int64_t n = extend - j0 < positions ? extend - j0 : positions;
     const int32_t *slots = req_to_token + req_rows[b] * table_stride;
     const int64_t seq_len = seq_lens[b] < kv_len ? seq_lens[b] : kv_len;
     const int64_t prefix = seq_len - extend;
+#if ATTENTION_AMX
+    if (seq_len > 0 && use_amx(group, head_dim, is_bf16)) {
+#define AMX_TASK_WITH_HEAD_DIM(D)                                                                                  \
+    attention_task_amx(q, q_stride_t, q_stride_h, k_cache, v_cache, kv_stride_s, kv_stride_h, slots, seq_len,     \
+                       prefix, q_start[b], j0, n, kv_head, group, D, causal, scale, out, out_stride_t, out_stride_h, \
+                       ws)
+        if (head_dim == 64)
+            AMX_TASK_WITH_HEAD_DIM(64);
+        else
+            AMX_TASK_WITH_HEAD_DIM(128);
+#undef AMX_TASK_WITH_HEAD_DIM
+        return;
+    }
+#endif
 #define TASK_WITH_HEAD_DIM(D)                                                                                        \
     attention_task(q, q_stride_t, q_stride_h, k_cache, v_cache, kv_stride_s, kv_stride_h, slots, seq_len, prefix, \
                    q_start[b], j0, n, kv_head, group, D, causal, scale, out, out_stride_t, out_stride_h, ws, is_bf16)
@@ -173,7 +215,8 @@ int omp_get_thread_num(void);
         int64_t batch, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim, int64_t max_extend,           \
         int64_t kv_len, int causal, float scale, void *out, int64_t out_stride_t, int64_t out_stride_h,           \
         float *workspace, int64_t workspace_per_thread, int num_threads) {                                         \
-        const int64_t blocks = (max_extend + QUERY_BLOCK - 1) / QUERY_BLOCK;                                      \
+        const int64_t positions = task_positions(num_q_heads / num_kv_heads, head_dim, IS_BF16);                  \
+        const int64_t blocks = (max_extend + positions - 1) / positions;                                          \
         _Pragma("omp parallel for schedule(dynamic, 1) num_threads(num_threads)")                                \
         for (int64_t task = 0; task < batch * num_kv_heads * blocks; task++)                                      \
             run_task(task, q, q_stride_t, q_stride_h, k_cache, v_cache, kv_stride_s, kv_stride_h, req_to_token,   \
