@@ -68,7 +68,7 @@ class CpuPagedAttention:
 
     def serves(self, q: torch.Tensor, k_cache: torch.Tensor, meta: AttentionMetadata) -> bool:
         return (
-            q.device.type == "cpu"
+            q.is_cpu
             and q.dtype in self._functions
             and k_cache.dtype == q.dtype
             and meta.max_extend_len <= MAX_EXTEND

@@ -42,12 +42,15 @@ def _functions() -> dict[tuple[str, torch.dtype], Callable[..., None]] | None:
 
 
 def available(x: torch.Tensor, *others: torch.Tensor) -> bool:
-    tensors = (x, *others)
-    if x.device.type != "cpu" or x.dtype not in _SUFFIXES or x.dim() < 2:
+    """Asked before every elementwise op on CPU (several per layer per step): plain attribute
+    checks, cheapest first."""
+    dtype = x.dtype
+    if not x.is_cpu or dtype not in _SUFFIXES or x.dim() < 2 or x.stride(-1) != 1:
         return False
-    if any(t.dtype != x.dtype or t.device.type != "cpu" or t.stride(-1) != 1 for t in tensors):
-        return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    for t in others:
+        if t.dtype != dtype or not t.is_cpu or t.stride(-1) != 1:
+            return False
+    if torch.is_grad_enabled() and (x.requires_grad or any(t.requires_grad for t in others)):
         return False
     return _functions() is not None
 

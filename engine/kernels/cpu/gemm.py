@@ -114,24 +114,25 @@ def _call(
     name: str, x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_columns: int
 ) -> torch.Tensor:
     """gemm.c's `name`_bf16 on the rows of x; its n argument is the output's width (the
-    weight's N, or I of a gated weight)."""
+    weight's N, or I of a gated weight). Runs once per linear layer per step: the common case
+    (2-D rows, no bias) takes no reshape and no copy."""
     functions = _functions()
     assert functions is not None, "pack() the weight first"
     k = packed.shape[1] * 2
-    if x.shape[-1] != k or x.dtype != torch.bfloat16:
+    if x.dtype != torch.bfloat16 or x.shape[-1] != k:
         raise ValueError(f"{name}: input {tuple(x.shape)} {x.dtype} does not fit a bf16 weight with K = {k}")
-    rows = x.reshape(-1, k)
+    rows = x if x.dim() == 2 else x.reshape(-1, k)
     if rows.stride(1) != 1:
         rows = rows.contiguous()
+    bias_ptr = 0
     if bias is not None:
         bias = bias.to(torch.bfloat16).contiguous()
-    out = torch.empty((rows.shape[0], out_columns), dtype=torch.bfloat16)
-    if rows.shape[0] == 0:
-        return out.reshape(*x.shape[:-1], out_columns)
-    status = functions[name](
-        rows.data_ptr(), rows.stride(0), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
-        out.data_ptr(), out_columns, rows.shape[0], out_columns, k, torch.get_num_threads(),
-    )  # fmt: skip
-    if status != 0:
+        bias_ptr = bias.data_ptr()
+    m = rows.shape[0]
+    out = torch.empty((m, out_columns), dtype=torch.bfloat16)
+    if m and functions[name](
+        rows.data_ptr(), rows.stride(0), packed.data_ptr(), bias_ptr, out.data_ptr(), out_columns, m, out_columns, k,
+        torch.get_num_threads(),
+    ):  # fmt: skip
         raise MemoryError(f"{name}: no memory for a padded copy of a {tuple(rows.shape)} input")
-    return out.reshape(*x.shape[:-1], out_columns)
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], out_columns)
