@@ -102,10 +102,11 @@ static inline void interleave_pair(const bf16 *a, const bf16 *b, bf16 *out, cons
    D in {64, 128}, a literal at each call (so the row copies are a few vector moves);
    `scores` is the task's [rows, kv_len] fp32 workspace. */
 ALWAYS_INLINE void attention_task_amx(const void *q_any, int64_t q_stride_t, int64_t q_stride_h, const void *k_any,
-                               const void *v_any, int64_t kv_stride_s, int64_t kv_stride_h, const int32_t *slots,
-                               int64_t seq_len, int64_t prefix, int64_t first_token, int64_t j0, int64_t n,
-                               int64_t kv_head, int64_t group, const int64_t D, int causal, float scale, void *out_any,
-                               int64_t out_stride_t, int64_t out_stride_h, float *scores) {
+                                      const void *v_any, int64_t kv_stride_s, int64_t kv_stride_h,
+                                      const int32_t *slots, int64_t seq_len, int64_t prefix, int64_t first_token,
+                                      int64_t j0, int64_t n, int64_t kv_head, int64_t group, const int64_t D,
+                                      int causal, float scale, void *out_any, int64_t out_stride_t,
+                                      int64_t out_stride_h, float *scores) {
     const bf16 *q = q_any, *k_cache = k_any, *v_cache = v_any;
     const int64_t rows = n * group, head_offset = kv_head * kv_stride_h, dim_blocks = D / 32;
     int64_t kv_end = causal ? prefix + j0 + n : seq_len;
@@ -114,11 +115,11 @@ ALWAYS_INLINE void attention_task_amx(const void *q_any, int64_t q_stride_t, int
     bf16 keys[AMX_ROWS][128] __attribute__((aligned(64)));
     bf16 probs[AMX_ROWS][2 * AMX_KEY_PAIRS] __attribute__((aligned(64)));
     bf16 values[AMX_KEY_PAIRS][AMX_DIM_CHUNK][2] __attribute__((aligned(64)));
-    float block[AMX_ROWS][AMX_DIM_CHUNK] __attribute__((aligned(64)));
+    float key_scores[AMX_ROWS][AMX_ROWS] __attribute__((aligned(64))); /* [key][row] of one block */
     float acc[AMX_ROWS][128] __attribute__((aligned(64)));
     const struct interleave how = interleave_indices();
-    const __m512i column_offsets = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                      _mm512_set1_epi32(AMX_DIM_CHUNK)); /* block's row stride */
+    const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i key_offsets = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(AMX_ROWS)); /* key i's row, in floats */
     memset(query_t, 0, sizeof(query_t));
     memset(probs, 0, sizeof(probs));
     for (int64_t r = 0; r < rows; r++) {
@@ -154,10 +155,10 @@ ALWAYS_INLINE void attention_task_amx(const void *q_any, int64_t q_stride_t, int
                 default: _tile_dpbf16ps(T_SCORES, T_KEYS, T_QUERY3); break;
             }
         }
-        _tile_stored(T_SCORES, block, sizeof(block[0]));
+        _tile_stored(T_SCORES, key_scores, sizeof(key_scores[0]));
         const __mmask16 valid = (__mmask16)((1u << count) - 1);
-        for (int64_t r = 0; r < rows; r++) { /* column r of the block: row r's scores of these keys */
-            const __m512 column = _mm512_i32gather_ps(column_offsets, &block[0][r], sizeof(float));
+        for (int64_t r = 0; r < rows; r++) { /* column r: row r's scores of these keys */
+            const __m512 column = _mm512_i32gather_ps(key_offsets, &key_scores[0][r], sizeof(float));
             _mm512_mask_storeu_ps(scores + r * kv_end + k0, valid, _mm512_mul_ps(column, _mm512_set1_ps(scale)));
         }
     }
@@ -171,12 +172,13 @@ ALWAYS_INLINE void attention_task_amx(const void *q_any, int64_t q_stride_t, int
         for (int64_t k0 = 0; k0 < kv_end; k0 += 2 * AMX_KEY_PAIRS) {
             const int64_t count = kv_end - k0 < 2 * AMX_KEY_PAIRS ? kv_end - k0 : 2 * AMX_KEY_PAIRS;
             const __mmask16 low = count >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << count) - 1);
-            const __mmask16 high = count >= 32 ? (__mmask16)0xffff : count > 16 ? (__mmask16)((1u << (count - 16)) - 1) : 0;
-            for (int64_t r = 0; r < rows; r++) {
+            const __mmask16 high =
+                count >= 32 ? (__mmask16)0xffff : count > 16 ? (__mmask16)((1u << (count - 16)) - 1) : 0;
+            for (int64_t r = 0; r < rows; r++) { /* these keys' probabilities in bf16, zero past count */
                 const float *row = scores + r * kv_end + k0;
-                _mm256_storeu_si256((__m256i *)&probs[r][0], (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(low, row)));
-                _mm256_storeu_si256((__m256i *)&probs[r][16],
-                                    (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(high, row + 16)));
+                const __m512 first = _mm512_maskz_loadu_ps(low, row), second = _mm512_maskz_loadu_ps(high, row + 16);
+                _mm256_storeu_si256((__m256i *)&probs[r][0], (__m256i)_mm512_cvtneps_pbh(first));
+                _mm256_storeu_si256((__m256i *)&probs[r][16], (__m256i)_mm512_cvtneps_pbh(second));
             }
             for (int64_t i = 0; i < 2 * AMX_KEY_PAIRS && k0 + i + AMX_PREFETCH_AHEAD < kv_end; i++)
                 prefetch_row(v_cache + slots[k0 + i + AMX_PREFETCH_AHEAD] * kv_stride_s + head_offset + d0,
@@ -204,7 +206,8 @@ ALWAYS_INLINE void attention_task_amx(const void *q_any, int64_t q_stride_t, int
     }
     _tile_release();
     for (int64_t r = 0; r < rows; r++) {
-        bf16 *row = (bf16 *)out_any + query_row_offset(first_token, j0, r, group, kv_head, out_stride_t, out_stride_h);
+        const int64_t o = query_row_offset(first_token, j0, r, group, kv_head, out_stride_t, out_stride_h);
+        bf16 *row = (bf16 *)out_any + o;
         for (int64_t d = 0; d < D; d++) row[d] = float_to_bf16(acc[r][d]);
     }
 }

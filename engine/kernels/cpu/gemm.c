@@ -6,14 +6,16 @@
    which is the pair-interleaved layout a B tile wants: 16 k pairs of 16 columns are 16 rows of
    64 bytes, row stride PANEL * 4 bytes. x is copied into a zero-padded [M16, K32] buffer, so
    every tile is whole. Each thread takes whole panels; per block of 16 rows it sums two
-   16 x 16 fp32 C tiles over K (tdpbf16ps: C += A[16, 32] . B[16 pairs, 16, 2]) and rounds
-   once to bf16, bias added in fp32 first, as oneDNN's bf16 linear does: only the order of
-   the fp32 sum differs.
+   16 x 16 fp32 C tiles over K (tdpbf16ps: C += A[16, 32] . B[16 pairs, 16, 2]; two blocks of
+   rows share each B tile when there are more) and rounds once to bf16, bias added in fp32
+   first, as oneDNN's bf16 linear does: only the order of the fp32 sum differs. A SwiGLU
+   gate/up weight packed with 16 gate and their 16 up columns per panel gets silu(gate) * up
+   written instead (linear_swiglu_bf16).
 
    Why not oneDNN: at decode, the rows are few and every weight byte is read once per step.
    The matrix unit makes the arithmetic nearly free, so the product should run at memory
    speed, and oneDNN's small-M path also costs ~40 us of fixed work per call, ~120 calls a step
-   (benchmarks/cpu_gemm.py).
+   (benchmarks/cpu_kernels.py).
 
    Built only where the compiler targets AMX-BF16; elsewhere amx_supported() returns 0 and
    the engine keeps oneDNN. amx_init() asks Linux for the tile state once per process. */
