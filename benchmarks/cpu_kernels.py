@@ -14,10 +14,12 @@ Three parts, each printing a table:
    and a DSpark verify window (8 rows), keys spread over a shuffled pool; median of repeats.
 3. The engine's decode step with the embedded SmolLM2 (bf16 and fp32, batch 1 and 16, the
    prompts of benchmarks/smollm2_offline.py, steady state after 40 steps): with all the
-   kernels (`DSPARK_CPU_KERNELS=1`), without the GEMM kernel (`attention,elementwise`: the
-   linears on oneDNN; bf16 only, fp32 linears never take it) and without any (`0`), each in
-   a fresh process, alternating for --rounds rounds so that a slow spell of a shared machine
-   falls on all; the table gives the median ms per step and the ratios.
+   kernels (`DSPARK_CPU_KERNELS=1`), without the one-call decoder stack
+   (`attention,elementwise,gemm`: the layers' Python forward), without the GEMM kernel
+   either (`attention,elementwise`: the linears on oneDNN) and without any (`0`); the middle
+   two in bf16 only (fp32 takes neither). Each in a fresh process, alternating for --rounds
+   rounds so that a slow spell of a shared machine falls on all; the table gives the median
+   ms per step and the ratios.
 """
 
 from __future__ import annotations
@@ -165,7 +167,8 @@ def step_ms(dtype: str, batch: int, steps: int) -> float:
     return statistics.median(times) * 1e3
 
 
-KERNEL_SETS = {"all": "1", "no_gemm": "attention,elementwise", "none": "0"}  # DSPARK_CPU_KERNELS
+# DSPARK_CPU_KERNELS settings: everything, no one-call decoder stack, no GEMM kernel either, none
+KERNEL_SETS = {"all": "1", "no_stack": "attention,elementwise,gemm", "no_gemm": "attention,elementwise", "none": "0"}
 
 
 def engine_rows(rounds: int, steps: int) -> list[dict[str, Any]]:
@@ -174,8 +177,8 @@ def engine_rows(rounds: int, steps: int) -> list[dict[str, Any]]:
     for _ in range(rounds):
         for dtype, batch in cases:
             for name, kernels in KERNEL_SETS.items():
-                if dtype == "float32" and name == "no_gemm":
-                    continue  # fp32 linears stay on MKL either way
+                if dtype == "float32" and name in ("no_stack", "no_gemm"):
+                    continue  # fp32 linears stay on MKL and layers in Python either way
                 env = dict(os.environ, DSPARK_CPU_KERNELS=kernels)
                 command = [sys.executable, __file__, "--child", f"{dtype},{batch},{steps}"]
                 out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
@@ -188,7 +191,8 @@ def engine_rows(rounds: int, steps: int) -> list[dict[str, Any]]:
             row[f"{name}_ms"] = statistics.median(runs) if runs else float("nan")
             row[f"runs_{name}"] = runs or []
         row["all_vs_none"] = row["none_ms"] / row["all_ms"]
-        row["all_vs_no_gemm"] = row["no_gemm_ms"] / row["all_ms"]
+        row["all_vs_no_stack"] = row["no_stack_ms"] / row["all_ms"]
+        row["no_stack_vs_no_gemm"] = row["no_gemm_ms"] / row["no_stack_ms"]
         rows.append(row)
     return rows
 
@@ -230,7 +234,8 @@ def main() -> None:
         print()
     print_table(results["attention"], ["dtype", "batch", "context", "window", "torch_us", "kernel_us", "speedup"])
     print()
-    step_columns = ["dtype", "batch", "none_ms", "no_gemm_ms", "all_ms", "all_vs_none", "all_vs_no_gemm"]
+    step_columns = ["dtype", "batch", "none_ms", "no_gemm_ms", "no_stack_ms", "all_ms"]
+    step_columns += ["all_vs_none", "all_vs_no_stack", "no_stack_vs_no_gemm"]
     print_table(results["engine_step"], step_columns)
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))

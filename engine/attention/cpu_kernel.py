@@ -115,9 +115,7 @@ class CpuPagedAttention:
         if num_tokens == 0 or meta.batch_size == 0:
             return out
         threads = torch.get_num_threads()
-        args = self._metadata_args(meta, num_q_heads // num_kv_heads, head_dim)
-        if self._workspace.numel() < threads * args.floats_per_thread:
-            self._workspace = torch.empty(threads * args.floats_per_thread, dtype=torch.float32)
+        args = self.prepare(meta, num_q_heads // num_kv_heads, head_dim, threads)
         table, req_rows, seq_lens, extend_lens, q_start = args.tensors
         kv_len, per_thread = args.kv_len, args.floats_per_thread
         self._functions[q.dtype](
@@ -131,6 +129,18 @@ class CpuPagedAttention:
             self._workspace.data_ptr(), per_thread, threads,
         )  # fmt: skip
         return out
+
+    def prepare(self, meta: AttentionMetadata, group: int, head_dim: int, threads: int) -> _MetadataArgs:
+        """The kernel's arguments for `meta`, with the workspace grown for `threads` threads
+        (`self.workspace`)."""
+        args = self._metadata_args(meta, group, head_dim)
+        if self._workspace.numel() < threads * args.floats_per_thread:
+            self._workspace = torch.empty(threads * args.floats_per_thread, dtype=torch.float32)
+        return args
+
+    @property
+    def workspace(self) -> torch.Tensor:
+        return self._workspace
 
     def _metadata_args(self, meta: AttentionMetadata, group: int, head_dim: int) -> _MetadataArgs:
         """The kernel's view of `meta`, made at the forward's first layer and reused by the

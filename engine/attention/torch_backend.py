@@ -297,6 +297,11 @@ class TorchAttentionBackend:
         self.workspace = Workspace()
         self._plan: AttentionPlan | None = None  # the current forward's (CPU only)
 
+    @property
+    def cpu_kernel(self) -> CpuPagedAttention | None:
+        """The C kernel once the first CPU forward built it (None before, and when it is off)."""
+        return self._cpu_kernel
+
     def forward(
         self,
         q: torch.Tensor,  # [T, Hq, D]

@@ -202,13 +202,18 @@ class RotaryAngles:
         self.cos_sin_cache = cos_sin_cache  # [max_position, rope_dim]
         self._tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
+    def tables(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) at the positions, rounded to `dtype` (rope_tables_torch), made once."""
+        tables = self._tables.get(dtype)
+        if tables is None:
+            tables = self._tables[dtype] = rope_tables_torch(self.positions, self.cos_sin_cache, dtype)
+        return tables
+
     def __call__(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, Hq, D], k [T, Hkv, D] -> new rotated (q, k); the inputs are left as they were."""
         if use_triton(q, k):
             return rotary_embedding_triton(self.positions, q, k, self.cos_sin_cache)
-        tables = self._tables.get(q.dtype)
-        if tables is None:
-            tables = self._tables[q.dtype] = rope_tables_torch(self.positions, self.cos_sin_cache, q.dtype)
+        tables = self.tables(q.dtype)
         if cpu_elementwise.available(q, k):
             return cpu_elementwise.rope(q, *tables), cpu_elementwise.rope(k, *tables)
         return rotate_torch(q, *tables), rotate_torch(k, *tables)

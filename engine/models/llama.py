@@ -25,6 +25,7 @@ from engine.distributed.layers import (
 )
 from engine.kernels.rope import RotaryAngles
 from engine.models.context import ForwardContext
+from engine.models.cpu_decoder import CpuDecoderStack
 from engine.models.layers import RMSNorm, RotaryEmbedding
 from engine.models.registry import register_model
 
@@ -114,13 +115,18 @@ class LlamaModel(nn.Module):
             config.rope_theta,
             config.rope_scaling,
         )
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, layer_id) for layer_id in range(config.num_layers))
+        layers = [LlamaDecoderLayer(config, layer_id) for layer_id in range(config.num_layers)]
+        self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.cpu_stack = CpuDecoderStack(layers, config)  # the layers in one C call, where it serves
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        rope = self.rotary_emb.at(positions)
+        if self.cpu_stack.serves(hidden, ctx):
+            hidden, stream = self.cpu_stack(rope, hidden, ctx)
+            return self.norm.add_and_norm(hidden, stream)[0]
         captured: dict[int, torch.Tensor] = {}
         residual: torch.Tensor | None = None
-        rope = self.rotary_emb.at(positions)
         for layer_id, layer in enumerate(self.layers):
             hidden, residual = layer(rope, hidden, residual, ctx)
             if layer_id in ctx.capture_layers:

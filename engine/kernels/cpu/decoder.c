@@ -1,0 +1,91 @@
+/* A run of Llama decoder layers on CPU in one call, for bf16 forwards of a few rows per request
+   (decode, DSpark verify windows): the same kernels, in the same order, as the model's Python
+   layer (engine/models/llama.py), so the result is bit-identical; only the ~10 Python calls a
+   layer (each ~10-15 us of wrapper) are gone.
+
+   Per layer, with hidden / residual the stream pair of engine/models/llama.py:
+     normed, residual = add_rms_norm(hidden, residual, input_norm)
+     qkv = normed @ Wqkv^T;  q, k = rope(q, k) (one call over the q and k heads of qkv)
+     store k, v at out_slots;  attn = paged_attention(q)
+     normed, residual = add_rms_norm(attn @ Wo^T, residual, post_norm)
+     hidden = swiglu(normed @ Wgate_up^T) @ Wdown^T
+   The kernels come from their own libraries (gemm.c, elementwise.c, attention.c) as function
+   pointers, so each keeps one definition. */
+
+#include <stdint.h>
+
+#include "bf16.h"
+
+typedef int (*linear_fn)(const bf16 *x, int64_t ldx, const bf16 *packed, const bf16 *bias, bf16 *out, int64_t ldo,
+                         int64_t m, int64_t n, int64_t k, int threads);
+typedef void (*rms_norm_fn)(const void *x, int64_t x_stride, const void *residual, int64_t residual_stride,
+                            const void *weight, void *out, void *residual_out, int64_t rows, int64_t n, float eps,
+                            int threads);
+typedef void (*rope_fn)(const void *x, int64_t x_stride_t, int64_t x_stride_h, const void *cos, const void *sin,
+                        void *out, int64_t tokens, int64_t heads, int64_t head_dim, int64_t rope_dim, int threads);
+typedef void (*store_kv_fn)(const void *k, int64_t k_stride_t, const void *v, int64_t v_stride_t, void *k_cache,
+                            void *v_cache, const int64_t *out_slots, int64_t tokens, int64_t row_elems,
+                            int64_t elem_bytes);
+typedef void (*attention_fn)(const void *q, int64_t q_stride_t, int64_t q_stride_h, const void *k_cache,
+                             const void *v_cache, int64_t kv_stride_s, int64_t kv_stride_h,
+                             const int32_t *req_to_token, int64_t table_stride, const int64_t *req_rows,
+                             const int32_t *seq_lens, const int32_t *extend_lens, const int32_t *q_start,
+                             int64_t batch, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
+                             int64_t max_extend, int64_t kv_len, int causal, float scale, void *out,
+                             int64_t out_stride_t, int64_t out_stride_h, float *workspace,
+                             int64_t workspace_per_thread, int num_threads);
+
+struct kernels {
+    linear_fn linear, linear_swiglu;
+    rms_norm_fn rms_norm;
+    rope_fn rope;
+    store_kv_fn store_kv;
+    attention_fn attention;
+};
+
+struct layer { /* one decoder layer: norm weights [H], tile-packed linears, its caches */
+    const bf16 *input_norm, *qkv, *o, *gate_up, *down, *post_norm;
+    bf16 *k_cache, *v_cache; /* [num_slots + 1, Hkv, D] contiguous */
+};
+
+struct forward { /* what every layer of one forward shares */
+    int64_t tokens, hidden, heads, kv_heads, head_dim, inter, rope_dim;
+    float eps, scale;
+    int threads, causal;
+    const bf16 *cos, *sin;       /* [T, rope_dim] */
+    const int64_t *out_slots;    /* [T] */
+    const int32_t *req_to_token; /* attention metadata in the kernel's types (cpu_kernel.py) */
+    int64_t table_stride;
+    const int64_t *req_rows;
+    const int32_t *seq_lens, *extend_lens, *q_start;
+    int64_t batch, max_extend, kv_len;
+    float *workspace;
+    int64_t workspace_per_thread;
+    bf16 *normed, *qkv_out, *rotated, *attn, *o_out, *act; /* scratch: [T, H], [T, (Hq + 2 Hkv) D],
+                                                              [T, Hq + Hkv, D], [T, Hq D], [T, H], [T, I] */
+};
+
+/* Layers [0, count) of `layers` over hidden / residual [T, H] (both updated in place).
+   Returns 0, or the first kernel's failure (-1: out of memory). */
+int decoder_layers_bf16(const struct kernels *k, const struct forward *f, const struct layer *layers, int64_t count,
+                        bf16 *hidden, bf16 *residual) {
+    const int64_t T = f->tokens, H = f->hidden, D = f->head_dim, Hq = f->heads, Hkv = f->kv_heads;
+    const int64_t qkv_width = (Hq + 2 * Hkv) * D, rotated_width = (Hq + Hkv) * D;
+    for (int64_t i = 0; i < count; i++) {
+        const struct layer *l = layers + i;
+        k->rms_norm(hidden, H, residual, H, l->input_norm, f->normed, residual, T, H, f->eps, f->threads);
+        if (k->linear(f->normed, H, l->qkv, 0, f->qkv_out, qkv_width, T, qkv_width, H, f->threads)) return -1;
+        k->rope(f->qkv_out, qkv_width, D, f->cos, f->sin, f->rotated, T, Hq + Hkv, D, f->rope_dim, f->threads);
+        k->store_kv(f->rotated + Hq * D, rotated_width, f->qkv_out + rotated_width, qkv_width, l->k_cache,
+                    l->v_cache, f->out_slots, T, Hkv * D, sizeof(bf16));
+        k->attention(f->rotated, rotated_width, D, l->k_cache, l->v_cache, Hkv * D, D, f->req_to_token,
+                     f->table_stride, f->req_rows, f->seq_lens, f->extend_lens, f->q_start, f->batch, Hq, Hkv, D,
+                     f->max_extend, f->kv_len, f->causal, f->scale, f->attn, Hq * D, D, f->workspace,
+                     f->workspace_per_thread, f->threads);
+        if (k->linear(f->attn, Hq * D, l->o, 0, f->o_out, H, T, H, Hq * D, f->threads)) return -1;
+        k->rms_norm(f->o_out, H, residual, H, l->post_norm, f->normed, residual, T, H, f->eps, f->threads);
+        if (k->linear_swiglu(f->normed, H, l->gate_up, 0, f->act, f->inter, T, f->inter, H, f->threads)) return -1;
+        if (k->linear(f->act, f->inter, l->down, 0, hidden, H, T, H, f->inter, f->threads)) return -1;
+    }
+    return 0;
+}
