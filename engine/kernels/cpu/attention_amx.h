@@ -18,9 +18,7 @@
 
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BW__)
 #define ATTENTION_AMX 1
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx.h"
 
 #define AMX_ROWS 16      /* query rows per task, keys per score block */
 #define AMX_KEY_PAIRS 16 /* key pairs per value block (32 keys) */
@@ -47,28 +45,8 @@ static int amx_ready;
 
 /* Asks Linux for the tile state (granted per process); 1 when the AMX task may run. */
 int attention_amx_init(void) {
-    amx_ready = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    amx_ready = amx_request_tiles() == 0;
     return amx_ready;
-}
-
-static inline void amx_configure(void) {
-    struct {
-        uint8_t palette_id, start_row, reserved[14];
-        uint16_t bytes_per_row[16];
-        uint8_t rows[16];
-    } config;
-    memset(&config, 0, sizeof(config));
-    config.palette_id = 1;
-    for (int tile = 0; tile < 8; tile++) {
-        config.rows[tile] = 16;
-        config.bytes_per_row[tile] = 64;
-    }
-    _tile_loadconfig(&config);
-}
-
-/* 16 lanes of bf16 -> fp32. */
-static inline __m512 amx_bf16_to_float(__m256i values) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(values), 16));
 }
 
 /* The four permutations that interleave two 32-lane bf16 vectors a, b (dims 0-31) into
@@ -126,7 +104,7 @@ ALWAYS_INLINE void attention_task_amx(const void *q_any, int64_t q_stride_t, int
         const bf16 *row = q + query_row_offset(first_token, j0, r, group, kv_head, q_stride_t, q_stride_h);
         for (int64_t d = 0; d < D; d++) query_t[d / 32][(d % 32) / 2][r][d % 2] = row[d];
     }
-    amx_configure();
+    amx_configure_tiles();
     _tile_loadd(T_QUERY0, query_t[0], 64);
     _tile_loadd(T_QUERY1, query_t[1], 64);
     if (dim_blocks > 2) {

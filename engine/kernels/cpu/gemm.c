@@ -33,11 +33,8 @@
 
 #if defined(__AMX_BF16__) && defined(__AMX_TILE__) && defined(__AVX512BF16__)
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
+#include "amx.h"
 
 /* Tile registers (the intrinsics take literals). */
 #define TILE_C0 0
@@ -49,18 +46,10 @@
 #define TILE_C3 6
 #define TILE_A2 7
 
-struct tile_config {
-    uint8_t palette_id;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t bytes_per_row[16];
-    uint8_t rows[16];
-};
-
 int amx_supported(void) { return 1; }
 
 /* 0 when this process may use the tile registers (Linux grants them per process, on request). */
-int amx_init(void) { return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA); }
+int amx_init(void) { return amx_request_tiles(); }
 
 static inline int64_t padded(int64_t n, int64_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
@@ -89,21 +78,6 @@ void pack_weight_bf16(const bf16 *weight, int64_t ldw, bf16 *packed, int64_t n, 
 static inline void prefetch_block(const bf16 *block) {
     for (int line = 0; line < K_BLOCK * PANEL * (int)sizeof(bf16) / 64; line++)
         _mm_prefetch((const char *)block + 64 * line, _MM_HINT_T0);
-}
-
-static void configure_tiles(void) {
-    struct tile_config config;
-    memset(&config, 0, sizeof(config));
-    config.palette_id = 1;
-    for (int tile = 0; tile < 8; tile++) {
-        config.rows[tile] = 16;
-        config.bytes_per_row[tile] = 64;
-    }
-    _tile_loadconfig(&config);
-}
-
-static inline __m512 bf16x16_to_float(__m256i values) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(values), 16));
 }
 
 /* 16 rows x 16 columns of fp32 sums (row stride PANEL) + bias -> out columns [col, col + 16),
@@ -188,7 +162,7 @@ ALWAYS_INLINE int linear_tiles(const bf16 *x, int64_t ldx, const bf16 *packed, i
     }
 #pragma omp parallel num_threads(threads)
     {
-        configure_tiles();
+        amx_configure_tiles();
         float sums[M_BLOCK * PANEL] __attribute__((aligned(64)));
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < panels; p++) {
