@@ -138,3 +138,15 @@ def random_drafter_dir(out: Path, loaded: LoadedModel, **overrides: Any) -> Path
     torch.manual_seed(2)
     drafter = DSparkDrafter(config)
     return save_drafter(out, drafter, config)
+
+
+# Three short prompts of mixed lengths, for tests that compare two engines token for token.
+SHORT_PROMPTS = [[1, 5, 7, 9], [1, 22, 3, 4, 5, 6, 7, 8, 9, 10, 11], [1, 300]]
+
+
+def tiny_drafter_or_none(model_dir: Path, out: Path, speculative: bool) -> Path | None:
+    """A random gamma-4 drafter for the tiny model when `speculative`, else None."""
+    if not speculative:
+        return None
+    tiny = load_model(str(model_dir), dtype=torch.float32, device="cpu", progress=False)
+    return random_drafter_dir(out, tiny, gamma=4)

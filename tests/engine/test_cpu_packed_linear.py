@@ -19,7 +19,7 @@ from engine.kernels.activation import silu_and_mul_torch
 from engine.kernels.cpu import gemm
 from engine.loader.load import load_model
 from engine.sampling_params import SamplingParams
-from tests.engine.conftest import random_drafter_dir
+from tests.engine.conftest import SHORT_PROMPTS, tiny_drafter_or_none
 from tests.engine.engine_driver import run
 
 pytestmark = pytest.mark.skipif(
@@ -156,11 +156,8 @@ def _engine(model_dir: Path, pack: bool, monkeypatch: pytest.MonkeyPatch, drafte
 def test_packed_engine_serves_the_dense_engines_tokens(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, speculative: bool
 ):
-    drafter = None
-    if speculative:
-        tiny = load_model(str(tiny_model_dir), dtype=torch.float32, device="cpu", progress=False)
-        drafter = random_drafter_dir(tmp_path / "drafter", tiny, gamma=4)
-    prompts = [[1, 5, 7, 9], [1, 22, 3, 4, 5, 6, 7, 8, 9, 10, 11], [1, 300]]
+    drafter = tiny_drafter_or_none(tiny_model_dir, tmp_path / "drafter", speculative)
+    prompts = SHORT_PROMPTS
     params = SamplingParams(max_tokens=24, temperature=0.0, logprobs=2)
     dense = run(_engine(tiny_model_dir, False, monkeypatch, drafter), prompts, params)
     packed = run(_engine(tiny_model_dir, True, monkeypatch, drafter), prompts, params)
