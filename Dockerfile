@@ -22,6 +22,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY engine ./engine
 COPY services ./services
+COPY training ./training
 RUN python3 -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # --- runtime ------------------------------------------------------------------------------------

@@ -55,15 +55,15 @@ def median_us(fn: Any, repeats: int = 30) -> float:
 
 def _each_linear(weights: list[tuple[torch.Tensor, int]], inputs: dict[int, torch.Tensor]) -> None:
     """Every (packed weight, its K) once, on the input of that K."""
-    from engine.kernels import cpu_linear
+    from engine.kernels.cpu import linear as cpu_linear
 
     for w, k in weights:
         cpu_linear.linear(inputs[k], w)
 
 
 def _each_swiglu(weights: list[torch.Tensor], x: torch.Tensor, fused: bool) -> None:
-    from engine.kernels import cpu_linear
     from engine.kernels.activation import silu_and_mul
+    from engine.kernels.cpu import linear as cpu_linear
 
     for w in weights:
         if fused:

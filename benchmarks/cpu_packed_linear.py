@@ -1,5 +1,5 @@
 """Packed against dense linear weights on CPU, side by side in one run (packed: for the AMX
-tile kernel where the CPU has it, else for oneDNN; see engine/kernels/cpu_linear.py, and
+tile kernel where the CPU has it, else for oneDNN; see engine/kernels/cpu/linear.py, and
 benchmarks/cpu_kernels.py for the two packings against each other):
 
 1. GEMMs alone: SmolLM2-135M's 120 layer weights (qkv, o, gate_up, down per layer) and its
@@ -31,10 +31,10 @@ from smollm2_offline import prompts_for  # noqa: E402
 import engine.engine_setup as engine_setup  # noqa: E402
 from engine.config import EngineConfig, SpeculativeConfig  # noqa: E402
 from engine.core import EngineCore  # noqa: E402
-from engine.kernels.cpu_linear import cpu_packing_supported, linear, pack_weight  # noqa: E402
+from engine.kernels.cpu.linear import cpu_packing_supported, linear, pack_weight  # noqa: E402
 from engine.loader.load import load_model  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-from engine.spec.setup import shipped_drafter  # noqa: E402
+from engine.speculative.setup import shipped_drafter  # noqa: E402
 
 # SmolLM2-135M: hidden 576, 9 q / 3 kv heads of 64, MLP 1536, 30 layers, vocab 49152.
 LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]

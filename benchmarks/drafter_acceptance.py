@@ -2,7 +2,7 @@
 
 Each checkpoint is loaded as the engine loads it (`load_drafter`: its weight encoding decoded,
 cast to the target's dtype) and walked over the held-out split of a training run's data
-(engine.spec.train.evaluate): greedy committed tokens per verify and the expected value at
+(training.evaluate): greedy committed tokens per verify and the expected value at
 `--temperature`, with P(draft i accepted) per position.
 
 The held-out sequences come from a training run's work directory (`--work`), or are made
@@ -11,7 +11,7 @@ among the first N of the built-in prompt set, with the seeds the training plan g
 that checkpoints from different runs meet on one fixed set.
 
     python3 benchmarks/drafter_acceptance.py --model .device/model/SmolLM2-135M-Instruct.Q4_1.gguf \\
-        --work runs/tdw --drafters engine/spec/drafters/smollm2-135m runs/out/drafter --json OUT.json
+        --work runs/tdw --drafters engine/assets/drafters/smollm2-135m runs/out/drafter --json OUT.json
     python3 benchmarks/drafter_acceptance.py --model ... --heldout-prompts 16384 --drafters ...
 """
 
@@ -28,11 +28,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.loader.load import LoadedModel, load_model  # noqa: E402
-from engine.spec.checkpoint import load_drafter, read_drafter_document  # noqa: E402
-from engine.spec.train.data import SequenceSet, ShardStore  # noqa: E402
-from engine.spec.train.evaluate import evaluate_acceptance  # noqa: E402
-from engine.spec.train.generate import DenseGenerator, GenerationPlan, job_seed, plan_jobs  # noqa: E402
-from engine.spec.train.prompts import build_prompt_set  # noqa: E402
+from engine.speculative.checkpoint import load_drafter, read_drafter_document  # noqa: E402
+from training.data import SequenceSet, ShardStore  # noqa: E402
+from training.evaluate import evaluate_acceptance  # noqa: E402
+from training.generate import DenseGenerator, GenerationPlan, job_seed, plan_jobs  # noqa: E402
+from training.prompts import build_prompt_set  # noqa: E402
 
 
 def regenerated_heldout(loaded: LoadedModel, num_prompts: int, temperature: float, device: torch.device) -> SequenceSet:

@@ -29,10 +29,10 @@ from engine.core import EngineCore  # noqa: E402
 from engine.engine_setup import build_engine_parts  # noqa: E402
 from engine.loader.load import load_model  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-from engine.spec.setup import shipped_drafter  # noqa: E402
-from engine.spec.train.data import ChatTokenizer  # noqa: E402
-from engine.spec.train.generate import GenerationPlan, plan_jobs  # noqa: E402
-from engine.spec.train.prompts import build_prompt_set  # noqa: E402
+from engine.speculative.setup import shipped_drafter  # noqa: E402
+from training.data import ChatTokenizer  # noqa: E402
+from training.generate import GenerationPlan, plan_jobs  # noqa: E402
+from training.prompts import build_prompt_set  # noqa: E402
 
 
 def heldout_prompt_ids(tokenizer: ChatTokenizer, num_prompts: int) -> list[list[int]]:

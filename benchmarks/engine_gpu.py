@@ -229,9 +229,9 @@ def hf_peer(config: ModelConfig, batches: list[int], prompt_len: int = 512, new_
 
 
 def dspark(loaded: LoadedModel, batches: list[int], accept_lens: list[float]) -> list[dict[str, Any]]:
-    from engine.spec.checkpoint import save_drafter
-    from engine.spec.drafter import DSparkDrafter
-    from engine.spec.drafter_config import DrafterConfig
+    from engine.speculative.checkpoint import save_drafter
+    from engine.speculative.drafter import DSparkDrafter
+    from engine.speculative.drafter_config import DrafterConfig
 
     drafter_config = DrafterConfig.for_target(loaded.config, "llama3-8b-shaped")
     tmp = Path(tempfile.mkdtemp())

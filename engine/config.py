@@ -95,7 +95,7 @@ AttentionBackendName = Literal["auto", "torch", "triton"]
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """DSpark speculative decoding. `drafter` is a checkpoint directory, or None for the
-    drafter that ships with the model (see engine.spec.registry)."""
+    drafter that ships with the model (see engine.speculative.registry)."""
 
     method: Literal["dspark"] = "dspark"
     drafter: str | None = None

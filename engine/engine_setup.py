@@ -10,7 +10,7 @@ from typing import cast
 import torch
 
 from engine.config import EngineConfig, ModelConfig
-from engine.kernels.cpu_linear import pack_module_weights
+from engine.kernels.cpu.linear import pack_module_weights
 from engine.kv.manager import KVManager
 from engine.kv.pool import KVPool
 from engine.loader.load import LoadedModel, load_model
@@ -18,7 +18,7 @@ from engine.loader.tokenizer import Tokenizer
 from engine.models.context import CausalLM
 from engine.runner.model_runner import ModelRunner
 from engine.scheduler import Scheduler
-from engine.spec.setup import SpecSetup, build_spec
+from engine.speculative.setup import SpecSetup, build_spec
 
 _CPU_KV_CAP_BYTES = 2 << 30
 

@@ -75,12 +75,12 @@ def _add_flag(parser: argparse._ActionsContainer, option: str, help: str) -> Non
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    from engine.spec.drafter_config import DEFAULT_GAMMA, DEFAULT_MARKOV_RANK
-    from engine.spec.train.generate import GenerationPlan
-    from engine.spec.train.objective import LABEL_MODES, ObjectiveConfig
-    from engine.spec.train.pipeline import RunConfig
-    from engine.spec.train.trainer import TrainConfig
-    from engine.spec.weight_encoding import WEIGHT_ENCODINGS
+    from engine.speculative.drafter_config import DEFAULT_GAMMA, DEFAULT_MARKOV_RANK
+    from engine.speculative.weight_encoding import WEIGHT_ENCODINGS
+    from training.generate import GenerationPlan
+    from training.objective import LABEL_MODES, ObjectiveConfig
+    from training.pipeline import RunConfig
+    from training.trainer import TrainConfig
 
     run, gen, train, objective = RunConfig(), GenerationPlan(), TrainConfig(), ObjectiveConfig()
     where = parser.add_argument_group("target and output")
@@ -230,10 +230,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_config(args: argparse.Namespace) -> Any:
     """The engine's RunConfig from parsed arguments (ValueError on inconsistent ones)."""
-    from engine.spec.train.generate import GenerationPlan
-    from engine.spec.train.objective import ObjectiveConfig
-    from engine.spec.train.pipeline import RunConfig
-    from engine.spec.train.trainer import TrainConfig
+    from training.generate import GenerationPlan
+    from training.objective import ObjectiveConfig
+    from training.pipeline import RunConfig
+    from training.trainer import TrainConfig
 
     if args.steps == 0 and args.max_minutes is None:
         raise ValueError("--steps 0 sizes training to the time budget: give --max-minutes, or a number of --steps")
@@ -300,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     from engine.loader.resolve import ModelNotFoundError
-    from engine.spec.train.pipeline import run as run_pipeline
+    from training.pipeline import run as run_pipeline
 
     try:
         config = run_config(args)

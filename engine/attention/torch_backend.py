@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.attention.cpu_kernel import CpuPagedAttention
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.store_kv import store_kv_torch
+from engine.kernels.cpu.attention import CpuPagedAttention
+from engine.kernels.store_kv import store_kv_torch
 
 # Peak bytes of the padded K/V gather plus mask for one chunk of requests. Larger batches
 # (or longer contexts) are processed in several chunks; queries too when one request alone
@@ -280,7 +280,7 @@ def _sdpa_grouped(
 class TorchAttentionBackend:
     """AttentionBackend in plain torch (any device; the production path on CPU), which on CPU
     hands forwards of a few query rows per request (decode, DSpark windows) to the compiled
-    kernel of engine.attention.cpu_kernel when it is built (`cpu_kernel=False`: never).
+    kernel of engine.kernels.cpu.attention when it is built (`cpu_kernel=False`: never).
 
     Every layer of a forward passes the same metadata object, so on CPU the plan of the
     first call serves the layers after it. The metadata's tensors must then stay as they are

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 
 from engine.attention.metadata import AttentionMetadata
-from engine.attention.store_kv import store_kv_triton
-from engine.attention.triton_decode import MAX_ROWS, decode_attention, split_kv_rows
-from engine.attention.triton_extend import extend_attention
+from engine.kernels.store_kv import store_kv_triton
+from engine.kernels.triton.decode_attention import MAX_ROWS, decode_attention, split_kv_rows
+from engine.kernels.triton.extend_attention import extend_attention
 
 
 class TritonAttentionBackend:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.distributed.parallel import all_gather, all_reduce, divide, tp_rank, tp_size
-from engine.kernels.cpu_linear import linear, linear_swiglu
+from engine.kernels.cpu.linear import linear, linear_swiglu
 
 
 def _check_shape(name: str, full: torch.Tensor, expected: tuple[int, ...]) -> None:
@@ -41,7 +41,7 @@ class ColumnParallelLinear(nn.Module):
     """y = x W^T + b with W's rows (output features) split across ranks: y is sharded on its
     last dim unless `gather_output`."""
 
-    packable_weight = True  # engine.kernels.cpu_linear may swap in a packed CPU weight
+    packable_weight = True  # engine.kernels.cpu.linear may swap in a packed CPU weight
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False, gather_output: bool = False):
         super().__init__()
@@ -92,7 +92,7 @@ class SwiGLUParallelLinear(MergedColumnParallelLinear):
     [..., I / tp]. Each rank's weight is its [gate | up] slice, so the activation needs no
     communication. On CPU with AMX the packed kernel applies it to the sums directly."""
 
-    packs_gated = True  # engine.kernels.cpu_linear packs [gate | up] for linear_swiglu
+    packs_gated = True  # engine.kernels.cpu.linear packs [gate | up] for linear_swiglu
 
     def __init__(self, input_size: int, intermediate_size: int, bias: bool = False):
         super().__init__(input_size, [intermediate_size, intermediate_size], bias=bias)

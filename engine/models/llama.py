@@ -25,9 +25,9 @@ from engine.distributed.layers import (
 )
 from engine.kernels.rope import RotaryAngles
 from engine.models.context import ForwardContext
-from engine.models.cpu_decoder import CpuDecoderStack
 from engine.models.layers import RMSNorm, RotaryEmbedding
 from engine.models.registry import register_model
+from engine.runner.cpu_decoder_stack import CpuDecoderStack
 
 
 class LlamaAttention(nn.Module):

@@ -23,8 +23,8 @@ from engine.runner.row_sampling import RowSampling
 from engine.runner.spec_decode import SpecDecoder
 from engine.runner.step_output import PendingStep
 from engine.scheduler import ScheduledStep
-from engine.spec.setup import SpecSetup
-from engine.spec.stats import SpecCounters
+from engine.speculative.setup import SpecSetup
+from engine.speculative.stats import SpecCounters
 
 
 class ModelRunner:

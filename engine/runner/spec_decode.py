@@ -24,8 +24,8 @@ from engine.request import Request
 from engine.runner.batch_inputs import uniform_window
 from engine.runner.row_sampling import RowSampling
 from engine.sampling.rng import uniform
-from engine.spec import accept as acc
-from engine.spec.setup import SpecSetup
+from engine.speculative import accept as acc
+from engine.speculative.setup import SpecSetup
 
 # Counter-based stream of the accept-length simulation knob (benchmarks only).
 _SIMULATE_STREAM = 0x5D_AC_03

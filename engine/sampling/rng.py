@@ -14,7 +14,7 @@ however many columns are asked for (`uniform(..., n=8)[:, :5] == uniform(..., n=
 The torch path keeps every 32-bit word in an int64 tensor and splits each 32x32-bit
 multiply into 16-bit halves, so no intermediate leaves [0, 2^49) and nothing overflows:
 the result is bit-identical on every backend. On CUDA/ROCm a Triton kernel computes the
-same words in one pass (`engine.sampling.rng_triton`).
+same words in one pass (`engine.kernels.triton.rng`).
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def uniform(key: torch.Tensor, counter: torch.Tensor, n: int, stream: int) -> to
     host reads, fixed shape, capturable in a CUDA graph.
     """
     if key.is_cuda and n > 0:
-        from engine.sampling import rng_triton
+        from engine.kernels.triton import rng as rng_triton
 
         if rng_triton.available():
             _check(key, counter, stream)

@@ -56,10 +56,10 @@ if not _interpreter_runs_runtime_loops():
         allow_module_level=True,
     )
 
-import engine.attention.store_kv as store_kv_module  # noqa: E402
 import engine.attention.triton_backend as triton_backend  # noqa: E402
-import engine.attention.triton_decode as triton_decode  # noqa: E402
-import engine.attention.triton_extend as triton_extend  # noqa: E402
+import engine.kernels.store_kv as store_kv_module  # noqa: E402
+import engine.kernels.triton.decode_attention as triton_decode  # noqa: E402
+import engine.kernels.triton.extend_attention as triton_extend  # noqa: E402
 from engine.attention import TorchAttentionBackend, select_backend  # noqa: E402
 
 GQA = {1: (2, 2), 3: (6, 2), 4: (4, 1)}  # group -> (Hq, Hkv)

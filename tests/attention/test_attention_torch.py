@@ -18,8 +18,8 @@ from attention_cases import (
 )
 
 from engine.attention import TorchAttentionBackend, select_backend
-from engine.attention.cpu_kernel import CpuPagedAttention
-from engine.attention.store_kv import store_kv, store_kv_torch
+from engine.kernels.cpu.attention import CpuPagedAttention
+from engine.kernels.store_kv import store_kv, store_kv_torch
 from engine.sync_guard import SyncGuard
 
 GQA = [(4, 4), (6, 2), (8, 2)]  # (Hq, Hkv): group 1, 3, 4

@@ -1,4 +1,4 @@
-"""The compiled CPU attention kernel (engine/attention/cpu_kernel.py) at the model's shapes,
+"""The compiled CPU attention kernel (engine/kernels/cpu/attention.py) at the model's shapes,
 its KV store, when it takes a forward, and its build falling back to torch.
 
 (Its agreement with the float64 reference on every scenario, NaN-poisoned caches included, is
@@ -13,8 +13,8 @@ import torch
 from attention_cases import make_case, reference_attention, scenario_case, stored_caches_float64, tolerance
 
 from engine.attention import TorchAttentionBackend
-from engine.attention.cpu_kernel import MAX_EXTEND, CpuPagedAttention
 from engine.kernels.cpu import build
+from engine.kernels.cpu.attention import MAX_EXTEND, CpuPagedAttention
 
 pytestmark = pytest.mark.skipif(not CpuPagedAttention().built, reason="no C compiler: the kernel cannot be built")
 

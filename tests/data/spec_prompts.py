@@ -3,7 +3,7 @@ that its held-out split (30 per mille, the training default) never showed the dr
 
 from __future__ import annotations
 
-from engine.spec.train.prompts import build_prompt_set
+from training.prompts import build_prompt_set
 
 HELDOUT_PERMILLE = 30
 

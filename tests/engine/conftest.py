@@ -130,9 +130,9 @@ def make_small_vocab_engine(small_vocab: LoadedModel) -> EngineFactory:
 
 def random_drafter_dir(out: Path, loaded: LoadedModel, **overrides: Any) -> Path:
     """An untrained DSpark drafter for `loaded` (acceptance is low; losslessness must hold)."""
-    from engine.spec.checkpoint import save_drafter
-    from engine.spec.drafter import DSparkDrafter
-    from engine.spec.drafter_config import DrafterConfig
+    from engine.speculative.checkpoint import save_drafter
+    from engine.speculative.drafter import DSparkDrafter
+    from engine.speculative.drafter_config import DrafterConfig
 
     config = DrafterConfig.for_target(loaded.config, loaded.name, **overrides)
     torch.manual_seed(2)

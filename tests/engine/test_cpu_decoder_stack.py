@@ -1,4 +1,4 @@
-"""The decoder stack in one C call (engine/models/cpu_decoder.py) against the layers' own
+"""The decoder stack in one C call (engine/runner/cpu_decoder_stack.py) against the layers' own
 Python forward: the same kernels in the same order, so the same tokens and the same logprobs
 bit for bit, for plain decode and for DSpark (verify windows, and the residual streams the
 drafter captures). Prefill chunks, longer than the C attention kernel takes, stay in Python."""
@@ -14,7 +14,7 @@ from engine.config import EngineConfig, SpeculativeConfig
 from engine.core import EngineCore
 from engine.kernels.cpu import gemm
 from engine.loader.load import load_model
-from engine.models.cpu_decoder import CpuDecoderStack
+from engine.runner.cpu_decoder_stack import CpuDecoderStack
 from engine.sampling_params import SamplingParams
 from tests.engine.conftest import SHORT_PROMPTS, tiny_drafter_or_none
 from tests.engine.engine_driver import run

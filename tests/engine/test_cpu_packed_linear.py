@@ -1,4 +1,4 @@
-"""CPU linears with packed weights (engine.kernels.cpu_linear): oneDNN-packed ones compute
+"""CPU linears with packed weights (engine.kernels.cpu.linear): oneDNN-packed ones compute
 exactly what F.linear computes, the AMX tile kernel computes it to bf16 rounding (its fp32 sum
 runs in another order); packing leaves float32 alone, unties a tied LM head without touching
 the embedding, and serves the same tokens as dense weights."""
@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from engine.config import EngineConfig, SpeculativeConfig
 from engine.core import EngineCore
 from engine.engine_setup import build_engine_parts
-from engine.kernels import cpu_linear
 from engine.kernels.activation import silu_and_mul_torch
 from engine.kernels.cpu import gemm
+from engine.kernels.cpu import linear as cpu_linear
 from engine.loader.load import load_model
 from engine.sampling_params import SamplingParams
 from tests.engine.conftest import SHORT_PROMPTS, tiny_drafter_or_none

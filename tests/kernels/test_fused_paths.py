@@ -20,7 +20,7 @@ from engine.loader.load import build_model, load_weights, open_checkpoint
 from engine.models.context import ForwardContext
 from tests.models.model_harness import default_backend, make_cache, make_metadata
 from tests.models.random_models import save_random_hf_model
-from tests.spec.spec_helpers import make_drafter, make_scenario, tiny_config
+from tests.speculative.spec_helpers import make_drafter, make_scenario, tiny_config
 
 CAPTURE_LAYERS = (2, 0)
 GEMMS = {"aten::linear", "aten::mm", "aten::addmm", "aten::matmul"}  # how F.linear reaches the mode

@@ -145,7 +145,7 @@ def test_request_keys() -> None:
 
 @pytest.fixture
 def interpreted_rng_kernel(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
-    rng_triton = pytest.importorskip("engine.sampling.rng_triton")
+    rng_triton = pytest.importorskip("engine.kernels.triton.rng")
     if not rng_triton.available():
         pytest.skip("triton is not installed")
     monkeypatch.setenv("TRITON_INTERPRET", "1")

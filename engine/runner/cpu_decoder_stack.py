@@ -1,0 +1,199 @@
+"""A Llama decoder stack's few-row forwards on CPU in one C call (engine/kernels/cpu/decoder.c).
+
+In a bf16 decode step on CPU the Python around a layer's kernels (~10 calls, each a wrapper
+of ~10-15 us: argument checks, `torch.empty`, ctypes, module calls) cost about a third of the
+step. `CpuDecoderStack` runs the same kernels in the same order from C, so its output is
+bit-identical to the layers' own forward (tests/engine/test_cpu_decoder_stack.py); on the
+2-core VM a batch-16 step went from ~44 to ~28 ms (benchmarks/cpu_kernels.py).
+
+It serves a forward when everything it would call is there: bf16 weights packed for the AMX
+tile kernel (SwiGLU's gate/up packed gated), no biases or q/k-norm, one tensor-parallel rank,
+the attention backend's C kernel built and serving the forward (a few rows per request), and
+contiguous bf16 caches. Anything else takes the layers' Python forward, as does every forward
+on another device.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.attention.torch_backend import TorchAttentionBackend
+from engine.config import ModelConfig
+from engine.kernels.cpu import gemm
+from engine.kernels.cpu.attention import MAX_EXTEND
+from engine.kernels.cpu.build import load
+from engine.kernels.rope import RotaryAngles
+from engine.models.context import ForwardContext
+
+if TYPE_CHECKING:
+    from engine.models.llama import LlamaDecoderLayer
+
+_P, _I, _F, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+
+
+class _Kernels(ctypes.Structure):
+    _fields_ = [(name, _P) for name in ("linear", "linear_swiglu", "rms_norm", "rope", "store_kv", "attention")]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, _P) for name in ("input_norm", "qkv", "o", "gate_up", "down", "post_norm", "k_cache", "v_cache")]
+
+
+class _Forward(ctypes.Structure):
+    _fields_ = [
+        *[(name, _I) for name in ("tokens", "hidden", "heads", "kv_heads", "head_dim", "inter", "rope_dim")],
+        ("eps", _F), ("scale", _F), ("threads", _N), ("causal", _N),
+        ("cos", _P), ("sin", _P), ("out_slots", _P), ("req_to_token", _P), ("table_stride", _I),
+        ("req_rows", _P), ("seq_lens", _P), ("extend_lens", _P), ("q_start", _P),
+        ("batch", _I), ("max_extend", _I), ("kv_len", _I), ("workspace", _P), ("workspace_per_thread", _I),
+        *[(name, _P) for name in ("normed", "qkv_out", "rotated", "attn", "o_out", "act")],
+    ]  # fmt: skip
+
+
+@functools.cache
+def _library() -> tuple[ctypes.CDLL, _Kernels] | None:
+    """decoder.c and the addresses of the kernels it calls; None when any is missing."""
+    decoder, elementwise, attention = load("decoder"), load("elementwise"), load("attention")
+    if decoder is None or elementwise is None or attention is None or not gemm.available():
+        return None
+    gemm_library = load("gemm")
+    assert gemm_library is not None  # gemm.available() loaded it
+
+    def address(library: ctypes.CDLL, name: str) -> int | None:
+        return ctypes.cast(getattr(library, name), ctypes.c_void_p).value
+
+    kernels = _Kernels(
+        address(gemm_library, "linear_bf16"), address(gemm_library, "linear_swiglu_bf16"),
+        address(elementwise, "rms_norm_bf16"), address(elementwise, "rope_bf16"),
+        address(attention, "store_kv"), address(attention, "paged_attention_bf16"),
+    )  # fmt: skip
+    function = decoder.decoder_layers_bf16
+    function.argtypes = [ctypes.POINTER(_Kernels), ctypes.POINTER(_Forward), ctypes.POINTER(_Layer), _I, _P, _P]
+    function.restype = _N
+    return decoder, kernels
+
+
+class CpuDecoderStack:
+    """The decoder layers of one LlamaModel, ready for decoder.c (see the module docstring)."""
+
+    def __init__(self, layers: Sequence[LlamaDecoderLayer], config: ModelConfig) -> None:
+        self.decoder_layers = tuple(layers)
+        self.config = config
+        self._weights: list[tuple[torch.Tensor, ...]] | None = None  # per layer, once packed
+        self._weights_of: torch.Tensor | None = None  # layer 0's qkv weight when _weights was made
+        self._layers: ctypes.Array[_Layer] | None = None
+        self._caches_key: tuple[int, int] | None = None
+
+    def serves(self, hidden: torch.Tensor, ctx: ForwardContext) -> bool:
+        backend = ctx.backend
+        if not (hidden.is_cpu and hidden.dtype == torch.bfloat16 and hidden.dim() == 2):
+            return False
+        if not isinstance(backend, TorchAttentionBackend) or backend.cpu_kernel is None:
+            return False
+        meta = ctx.meta
+        if meta.max_extend_len > MAX_EXTEND or meta.batch_size == 0 or hidden.shape[0] == 0:
+            return False
+        if meta.out_slots.dtype != torch.int64 or not meta.out_slots.is_contiguous():
+            return False
+        k_cache, _ = ctx.kv.layer(0)
+        if k_cache.dtype != torch.bfloat16 or not k_cache.is_contiguous():
+            return False
+        return self._packed_weights() is not None and _library() is not None
+
+    def __call__(
+        self, rope: RotaryAngles, hidden: torch.Tensor, ctx: ForwardContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (the last layer's MLP output, the stream before it), [T, H]
+        """Every layer on the embeddings `hidden` [T, H] (serves() said yes); captures the
+        residual streams ctx.capture_layers asks for, as the Python loop does."""
+        library = _library()
+        assert library is not None
+        decoder, kernels = library
+        config = self.config
+        tokens, width = hidden.shape
+        threads = torch.get_num_threads()
+        backend = ctx.backend
+        assert isinstance(backend, TorchAttentionBackend) and backend.cpu_kernel is not None
+        heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim  # one rank
+        args = backend.cpu_kernel.prepare(ctx.meta, heads // kv_heads, head_dim, threads)
+        table, req_rows, seq_lens, extend_lens, q_start = args.tensors
+        cos, sin = (t.contiguous() for t in rope.tables(torch.bfloat16))
+        scratch = {
+            "normed": (tokens, width), "qkv_out": (tokens, (heads + 2 * kv_heads) * head_dim),
+            "rotated": (tokens, (heads + kv_heads) * head_dim), "attn": (tokens, heads * head_dim),
+            "o_out": (tokens, width), "act": (tokens, config.intermediate_size),
+        }  # fmt: skip
+        buffers = {name: torch.empty(shape, dtype=torch.bfloat16) for name, shape in scratch.items()}
+        meta = ctx.meta
+        forward = _Forward(
+            tokens, width, heads, kv_heads, head_dim, config.intermediate_size, cos.shape[-1],
+            config.rms_norm_eps, self.decoder_layers[0].self_attn.scale, threads, int(meta.causal),
+            cos.data_ptr(), sin.data_ptr(), meta.out_slots.data_ptr(), table.data_ptr(), table.stride(0),
+            req_rows.data_ptr(), seq_lens.data_ptr(), extend_lens.data_ptr(), q_start.data_ptr(),
+            meta.batch_size, meta.max_extend_len, args.kv_len, backend.cpu_kernel.workspace.data_ptr(),
+            args.floats_per_thread, *(buffers[name].data_ptr() for name in scratch),
+        )  # fmt: skip
+        layers = self._layer_structs(ctx)
+        # layer 0 normalises the embeddings alone: a zero branch output added to them is exact
+        residual = hidden.clone()
+        hidden = torch.zeros_like(residual)
+        captured: dict[int, torch.Tensor] = {}
+        start = 0
+        for end in sorted({layer_id + 1 for layer_id in ctx.capture_layers} | {len(layers)}):
+            offset = ctypes.byref(layers, start * ctypes.sizeof(_Layer))
+            layer_pointer = ctypes.cast(offset, ctypes.POINTER(_Layer))
+            status = decoder.decoder_layers_bf16(
+                ctypes.byref(kernels), ctypes.byref(forward), layer_pointer, end - start,
+                hidden.data_ptr(), residual.data_ptr(),
+            )  # fmt: skip
+            if status != 0:
+                raise MemoryError("decoder_layers_bf16: out of memory")
+            if end - 1 in ctx.capture_layers:
+                captured[end - 1] = hidden + residual
+            start = end
+        ctx.captured.extend(captured[layer_id] for layer_id in ctx.capture_layers)
+        return hidden, residual
+
+    def _packed_weights(self) -> list[tuple[torch.Tensor, ...]] | None:
+        """Per layer (input norm, qkv, o, gate_up, down, post norm) when every layer qualifies."""
+        first = self.decoder_layers[0].self_attn.qkv_proj.weight
+        if self._weights_of is not first:  # made again once packing has replaced the weights
+            self._weights, self._weights_of, self._layers = self._collect_weights(), first, None
+        return self._weights
+
+    def _collect_weights(self) -> list[tuple[torch.Tensor, ...]] | None:
+        weights: list[tuple[torch.Tensor, ...]] = []
+        for layer in self.decoder_layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            if attn.q_norm is not None or any(p.bias is not None or p.tp_size != 1 for p in linears):
+                return None
+            packed = (attn.qkv_proj.weight, attn.o_proj.weight, mlp.down_proj.weight)
+            if not all(gemm.is_packed(w) for w in packed) or not gemm.is_packed_gated(mlp.gate_up_proj.weight):
+                return None
+            norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+            if any(n.dtype != torch.bfloat16 or not n.is_contiguous() for n in norms):
+                return None
+            weights.append((norms[0], *packed[:2], mlp.gate_up_proj.weight, packed[2], norms[1]))
+        return weights
+
+    def _layer_structs(self, ctx: ForwardContext) -> ctypes.Array[_Layer]:
+        """The layers' structs, made again only when the forward's KV pool is another one."""
+        k0, v0 = ctx.kv.layer(0)
+        key = (k0.data_ptr(), v0.data_ptr())
+        if self._layers is None or self._caches_key != key:
+            weights = self._packed_weights()
+            assert weights is not None
+            layers = (_Layer * len(weights))()
+            for i, (input_norm, qkv, o, gate_up, down, post_norm) in enumerate(weights):
+                k_cache, v_cache = ctx.kv.layer(i)
+                layers[i] = _Layer(
+                    input_norm.data_ptr(), qkv.data_ptr(), o.data_ptr(), gate_up.data_ptr(), down.data_ptr(),
+                    post_norm.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+                )  # fmt: skip
+            self._layers, self._caches_key = layers, key
+        return self._layers
