@@ -68,7 +68,7 @@ print(f"torch {torch.__version__}, device {torch.cuda.get_device_name() if torch
 EOF
 
 set -o pipefail
-python3 -m services.cli_train train-drafter \
+python3 -m services.cli train-drafter \
   --model "$MODEL" --target-name smollm2-135m --out "$OUT/drafter" --work-dir "$WORK" --resume \
   --device cuda --max-minutes "$MAX_MINUTES" --gen-minutes "$GEN_MINUTES" --eval-minutes 0.75 \
   --gamma 7 --layers "$LAYERS" --markov-rank "$MARKOV_RANK" --weight-encoding int8 \

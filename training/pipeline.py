@@ -42,6 +42,7 @@ from training.generate import (
     DenseGenerator,
     EngineGenerator,
     GenerationPlan,
+    GenerationReport,
     generate_dataset,
     missing_chunks,
     plan_jobs,
@@ -214,15 +215,14 @@ def prepare_data(
     if missing_chunks(store, chunks):
         eos = tuple(tokenizer.eos_token_ids)
         generator = make_generator(config, target, target_config, eos, device, engine_allowed)
-        try:
-            report = generate_dataset(
-                store,
-                chunks,
-                generator,
-                config.generation,
-                deadline=budget.generation,
-                progress=config.progress,
+
+        def generate(generator: AnswerGenerator) -> GenerationReport:
+            return generate_dataset(
+                store, chunks, generator, config.generation, deadline=budget.generation, progress=config.progress
             )
+
+        try:
+            report = generate(generator)
         except Exception as e:
             if config.generator != "auto" or isinstance(generator, DenseGenerator):
                 raise
@@ -235,14 +235,7 @@ def prepare_data(
             del generator
             _free_memory()
             generator = DenseGenerator(target, target_config, eos, device, max_rows=config.generator_batch)
-            report = generate_dataset(
-                store,
-                chunks,
-                generator,
-                config.generation,
-                deadline=budget.generation,
-                progress=config.progress,
-            )
+            report = generate(generator)
         info["generator"] = type(generator).__name__
         info["generation"] = dataclasses.asdict(report)
         del generator

@@ -1,5 +1,6 @@
 """The training prompt set: chat conversations across many domains, built combinatorially
-from templates x topics (training.prompt_topics), deterministic given a seed.
+from templates x topics (training.prompt_topics, read from data/prompt_topics.json),
+deterministic given a seed.
 
 The drafter learns the target's distribution over its own answers, so the prompts should
 cover what a chat model is asked: code, arithmetic word problems, explanations, how-tos,
@@ -70,77 +71,6 @@ def _coding(rng: random.Random) -> Iterator[ChatPrompt]:
         yield _user("coding", f"When should I use {a.strip()} instead of {b} in {area}? Give an example.")
 
 
-_MATH: tuple[tuple[str, dict[str, tuple[int, int, int]]], ...] = (
-    (
-        "A train travels {a} kilometers in {b} hours. What is its average speed in kilometers per hour?",
-        {"a": (60, 900, 10), "b": (2, 9, 1)},
-    ),
-    (
-        "{name} has {a} apples. She gives {b} to a friend and then buys {c} more. How many apples does she have now?",
-        {"a": (5, 60, 1), "b": (1, 5, 1), "c": (2, 30, 1)},
-    ),
-    (
-        "A rectangle is {a} cm long and {b} cm wide. What are its area and its perimeter?",
-        {"a": (3, 80, 1), "b": (2, 40, 1)},
-    ),
-    (
-        "A jacket costs ${a} and is on sale for {p}% off. What is the sale price?",
-        {"a": (20, 400, 5), "p": (10, 60, 5)},
-    ),
-    (
-        "A recipe needs {a} cups of flour for {b} cookies. How much flour is needed for {c} cookies?",
-        {"a": (1, 6, 1), "b": (12, 36, 12), "c": (6, 120, 6)},
-    ),
-    ("Solve for x: {a}x + {b} = {c}.", {"a": (2, 12, 1), "b": (1, 50, 1), "c": (51, 200, 1)}),
-    (
-        "A car uses {a} liters of fuel per 100 km. How much fuel does it need for a {b} km trip?",
-        {"a": (4, 12, 1), "b": (50, 1200, 25)},
-    ),
-    (
-        "{a} workers can build a wall in {b} days. How long would {c} workers take at the same rate?",
-        {"a": (2, 12, 1), "b": (2, 30, 1), "c": (2, 24, 1)},
-    ),
-    ("What is {p}% of {a}?", {"p": (5, 95, 5), "a": (40, 2000, 10)}),
-    (
-        "An account pays {p}% simple interest per year. How much interest does ${a} earn in {b} years?",
-        {"p": (1, 9, 1), "a": (100, 20000, 100), "b": (1, 15, 1)},
-    ),
-    (
-        "The average of {n} numbers is {a}. If the number {b} is added, what is the new average?",
-        {"n": (3, 12, 1), "a": (10, 90, 1), "b": (1, 150, 1)},
-    ),
-    (
-        "A tank holds {a} liters and fills at {b} liters per minute. How long does it take to fill it?",
-        {"a": (100, 5000, 50), "b": (5, 60, 5)},
-    ),
-    (
-        "{name} is {a} years old and her father is {b} years older. How old will her father be in {c} years?",
-        {"a": (4, 30, 1), "b": (20, 45, 1), "c": (1, 20, 1)},
-    ),
-    (
-        "Pencils come in packs of {a}. How many packs are needed for {b} students if each needs {c} pencils?",
-        {"a": (6, 24, 2), "b": (10, 40, 1), "c": (1, 5, 1)},
-    ),
-    ("What is the sum of all integers from 1 to {a}?", {"a": (10, 500, 1)}),
-    ("Convert {a} minutes into hours and minutes.", {"a": (61, 1000, 1)}),
-    (
-        "A pizza has {a} slices. If {b} people share it equally, how many slices does each get "
-        "and how many are "
-        "left over?",
-        {"a": (6, 16, 2), "b": (2, 7, 1)},
-    ),
-    ("What is {a} multiplied by {b}?", {"a": (11, 999, 1), "b": (3, 99, 1)}),
-    ("Compute {a} + {b} x {c} - {d}.", {"a": (1, 100, 1), "b": (2, 20, 1), "c": (2, 20, 1), "d": (1, 50, 1)}),
-    (
-        "A bike shop sold {a} bikes in March and {p}% more in April. How many bikes did it sell in April?",
-        {"a": (20, 400, 10), "p": (5, 50, 5)},
-    ),
-    (
-        "A runner completes {a} laps of a {b}-meter track. How many kilometers did she run?",
-        {"a": (4, 40, 1), "b": (200, 400, 100)},
-    ),
-    ("A box holds {a} eggs. How many boxes are needed for {b} eggs?", {"a": (6, 30, 6), "b": (20, 500, 1)}),
-)
 _MATH_SUFFIXES = (
     "",
     " Show your reasoning step by step.",
@@ -151,10 +81,12 @@ _MATH_SUFFIXES = (
 
 def _math(rng: random.Random) -> Iterator[ChatPrompt]:
     for _ in range(90):
-        for template, ranges in _MATH:
-            values: dict[str, object] = {k: rng.randrange(lo, hi + 1, step) for k, (lo, hi, step) in ranges.items()}
+        for problem in t.MATH_PROBLEMS:
+            values: dict[str, object] = {
+                k: rng.randrange(lo, hi + 1, step) for k, (lo, hi, step) in problem.ranges.items()
+            }
             values["name"] = rng.choice(t.PEOPLE)
-            yield _user("math", template.format(**values) + rng.choice(_MATH_SUFFIXES))
+            yield _user("math", problem.template.format(**values) + rng.choice(_MATH_SUFFIXES))
     for _ in range(60):
         start, step = rng.randrange(1, 30), rng.randrange(2, 9)
         seq = ", ".join(str(start + i * step) for i in range(5))
@@ -200,8 +132,7 @@ def _lists(rng: random.Random) -> Iterator[ChatPrompt]:
 
 
 def _dialogue(rng: random.Random) -> Iterator[ChatPrompt]:
-    for a, b in t.DIALOGUE_PAIRS:
-        who = a if b is None else f"{a} and {b}"
+    for who in t.DIALOGUE_PARTIES:
         for topic in t.DIALOGUE_TOPICS:
             yield _user("dialogue", f"Write a short dialogue between {who} about {topic}.")
     for persona in t.PERSONAS:

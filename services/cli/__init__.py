@@ -26,7 +26,7 @@ class Command:
     run: Callable[[argparse.Namespace], int]
     order: int = 100  # position in --help
     description: str | None = None  # long help (shown verbatim); default: `help`
-    env_prefix: str | None = ENV_PREFIX  # None: the command reads its environment itself
+    env_prefix: str = ENV_PREFIX  # its options' variables are <prefix><OPTION>
 
 
 def discover_commands() -> list[Command]:
@@ -57,8 +57,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         )
         command.add_arguments(sub)
         sub.set_defaults(_run=command.run)
-        if command.env_prefix is not None:
-            apply_env_defaults(sub, environ, prefix=command.env_prefix)
+        apply_env_defaults(sub, environ, prefix=command.env_prefix)
     return parser
 
 

@@ -25,8 +25,10 @@ def env_var_for(option: str, prefix: str = ENV_PREFIX) -> str:
 
 
 def _long_option(action: argparse.Action) -> str | None:
+    """The option a variable names: `--foo` of `--foo/--no-foo`, else the first long one."""
+    negated = isinstance(action, argparse.BooleanOptionalAction)
     for option in action.option_strings:
-        if option.startswith("--") and not option.startswith("--no-"):
+        if option.startswith("--") and not (negated and option.startswith("--no-")):
             return option
     return None
 

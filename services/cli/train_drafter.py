@@ -1,4 +1,16 @@
-"""`dspark-serve train-drafter`: registered here, implemented in `services.cli_train`."""
+"""`dspark-serve train-drafter`: train a DSpark drafter for a target model (DESIGN.md §3).
+
+    dspark-serve train-drafter --model smollm2-135m --out DIR --gamma 7 --layers 1 \\
+        --markov-rank 64 --num-prompts 6000 --max-new-tokens 256 --max-minutes 9 --device auto
+
+The target answers a built-in prompt set (greedy and sampled), the drafter is distilled from
+its hidden states and next-token distributions, and the held-out acceptance is measured and
+stored in DIR/drafter.json. Everything else (generated data, training state, logs) goes to
+--work-dir (default DIR-work); --resume continues a stopped run from there.
+
+Every option can also be set by an environment variable, DSPARK_TRAIN_<OPTION> with dashes
+as underscores (DSPARK_TRAIN_MAX_MINUTES=9); the command line wins.
+"""
 
 from __future__ import annotations
 
@@ -6,23 +18,19 @@ import argparse
 
 from services.cli import Command
 
+ENV_PREFIX = "DSPARK_TRAIN_"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from services.cli_train import configure_parser
+    from training.command import add_arguments as add
 
-    configure_parser(parser)
+    add(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.cli_train import run as run_training
+    from training.command import run as run_training
 
-    return int(run_training(args))
-
-
-def _description() -> str | None:
-    from services import cli_train
-
-    return cli_train.__doc__
+    return run_training(args)
 
 
 COMMAND = Command(
@@ -31,6 +39,6 @@ COMMAND = Command(
     add_arguments,
     run,
     order=4,
-    description=_description(),
-    env_prefix=None,  # services.cli_train reads DSPARK_TRAIN_* itself
+    description=__doc__,
+    env_prefix=ENV_PREFIX,
 )

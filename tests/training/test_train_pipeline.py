@@ -11,7 +11,8 @@ import torch
 from train_helpers import save_hf_target, tiny_target, tiny_target_config
 
 from engine.speculative.checkpoint import load_drafter, read_drafter_config
-from services import cli_train
+from services.cli import build_parser, main
+from training.command import run_config
 from training.pipeline import RunConfig
 
 
@@ -69,7 +70,7 @@ ARGS = [
 def test_cli_trains_a_loadable_drafter_and_resumes(hf_target, tmp_path, capsys) -> None:
     directory, config = hf_target
     out = tmp_path / "drafter"
-    assert cli_train.main(["train-drafter", "--model", str(directory), "--out", str(out), *ARGS]) == 0
+    assert main(["train-drafter", "--model", str(directory), "--out", str(out), *ARGS]) == 0
     assert "drafter written to" in capsys.readouterr().out
     drafter_config, training = read_drafter_config(out)
     assert drafter_config.target_name == "tiny-hf" and drafter_config.gamma == 4
@@ -91,31 +92,31 @@ def test_cli_trains_a_loadable_drafter_and_resumes(hf_target, tmp_path, capsys) 
     assert (work / "train_state.pt").is_file() and (work / "report.json").is_file()
     shards = sorted(p.name for p in (work / "data").iterdir())
     # Without --resume an existing run is refused; with it, data and training state are reused.
-    assert cli_train.main(["train-drafter", "--model", str(directory), "--out", str(out), *ARGS]) == 2
+    assert main(["train-drafter", "--model", str(directory), "--out", str(out), *ARGS]) == 2
     assert "--resume" in capsys.readouterr().err
-    assert cli_train.main(["train-drafter", "--model", str(directory), "--out", str(out), "--resume", *ARGS]) == 0
+    assert main(["train-drafter", "--model", str(directory), "--out", str(out), "--resume", *ARGS]) == 0
     again = json.loads((work / "report.json").read_text())
     assert "generation" not in again["data"]  # nothing was generated again
     assert again["train"]["steps_done"] == 30
     assert sorted(p.name for p in (work / "data").iterdir()) == shards
 
 
-def test_env_variables_set_options(monkeypatch) -> None:
-    monkeypatch.setenv("DSPARK_TRAIN_OUT", "/tmp/d")
-    monkeypatch.setenv("DSPARK_TRAIN_MAX_MINUTES", "7.5")
-    monkeypatch.setenv("DSPARK_TRAIN_TEMPERATURES", "0,0.9")
-    monkeypatch.setenv("DSPARK_TRAIN_RESUME", "1")
-    import argparse
-
-    args = cli_train.configure_parser(argparse.ArgumentParser()).parse_args(["--gamma", "5"])
-    config = cli_train.run_config(args)
+def test_env_variables_set_options() -> None:
+    env = {
+        "DSPARK_TRAIN_OUT": "/tmp/d",
+        "DSPARK_TRAIN_MAX_MINUTES": "7.5",
+        "DSPARK_TRAIN_TEMPERATURES": "0,0.9",
+        "DSPARK_TRAIN_RESUME": "1",
+        "DSPARK_TRAIN_NO_PROGRESS": "true",
+    }
+    config = run_config(build_parser(env).parse_args(["train-drafter", "--gamma", "5"]))
     assert isinstance(config, RunConfig)
-    assert config.out == "/tmp/d" and config.max_minutes == 7.5 and config.resume
+    assert config.out == "/tmp/d" and config.max_minutes == 7.5 and config.resume and not config.progress
     assert config.generation.temperatures == (0.0, 0.9) and config.gamma == 5
-    monkeypatch.delenv("DSPARK_TRAIN_MAX_MINUTES")
-    args = cli_train.configure_parser(argparse.ArgumentParser()).parse_args([])
+    del env["DSPARK_TRAIN_MAX_MINUTES"]
+    args = build_parser(env).parse_args(["train-drafter"])
     with pytest.raises(ValueError, match="max-minutes"):
-        cli_train.run_config(args)
+        run_config(args)
 
 
 def test_cli_warm_starts_a_deeper_drafter_and_writes_int8(hf_target, tmp_path, capsys) -> None:
@@ -124,9 +125,9 @@ def test_cli_warm_starts_a_deeper_drafter_and_writes_int8(hf_target, tmp_path, c
     directory, config = hf_target
     first, second = tmp_path / "one-layer", tmp_path / "two-layers"
     model = ["--model", str(directory)]
-    assert cli_train.main(["train-drafter", *model, "--out", str(first), *ARGS]) == 0
+    assert main(["train-drafter", *model, "--out", str(first), *ARGS]) == 0
     warm = ["--init-from", str(first), "--layers", "2", "--weight-encoding", "int8"]
-    assert cli_train.main(["train-drafter", *model, "--out", str(second), *ARGS, *warm]) == 0
+    assert main(["train-drafter", *model, "--out", str(second), *ARGS, *warm]) == 0
     assert "drafter written to" in capsys.readouterr().out
     drafter_config, training = read_drafter_config(second)
     assert drafter_config.num_layers == 2 and training["weight_encoding"] == "int8"
