@@ -10,7 +10,7 @@ Affinity is balanced against load: the affine replica is taken only while its lo
 within `balance_slack` requests of the least-loaded replica and its KV is below the
 high-water mark; otherwise the least-loaded replica wins (ties: lower KV usage, then round
 robin). A replica at capacity is never chosen; when every healthy replica of a needed pool
-is at capacity the request is refused (`Overloaded`, HTTP 429) instead of queueing without
+is at capacity the request is refused (`AtCapacity`, HTTP 429) instead of queueing without
 bound.
 """
 
@@ -67,7 +67,7 @@ class NoReplicas(Exception):
     """No healthy replica can serve the request (HTTP 503)."""
 
 
-class Overloaded(Exception):
+class AtCapacity(Exception):
     """Every healthy replica of a needed pool is at capacity (HTTP 429)."""
 
 
@@ -191,7 +191,7 @@ class Router:
     def _pick(self, healthy: Sequence[ReplicaLoad], matches: dict[str, int], pool: str) -> tuple[ReplicaLoad, int]:
         available = [r for r in healthy if not r.full]
         if not available:
-            raise Overloaded(f"all {len(healthy)} {pool} replicas are at capacity")
+            raise AtCapacity(f"all {len(healthy)} {pool} replicas are at capacity")
         block = self.config.block_tokens
         least_load = min(r.load for r in available)
         affine = max(available, key=lambda r: (matches.get(r.replica_id, 0), -r.load, -r.kv_usage))

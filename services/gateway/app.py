@@ -25,6 +25,7 @@ from starlette.requests import Request
 from services.gateway.body import read_json_object
 from services.gateway.config import GatewayConfig
 from services.gateway.dispatcher import Dispatcher
+from services.gateway.endpoints import CHAT, COMPLETION, Endpoint, Req, Served
 from services.gateway.errors import (
     APIError,
     AuthenticationFailed,
@@ -36,9 +37,7 @@ from services.gateway.errors import (
     ServiceUnavailable,
 )
 from services.gateway.pool import Discovery, Replica, WorkerPool
-from services.gateway.preprocess import chat_jobs, completion_jobs, tokenizer_vocab_size
-from services.gateway.protocol import parse_chat, parse_completion
-from services.gateway.responses import ChatFormatter, CompletionFormatter, TokenText
+from services.gateway.responses import TokenText
 from services.gateway.serving import Generation, GenerationRunner, new_response_id
 from services.gateway.telemetry import UNKNOWN_MODEL, RequestMetrics, RequestTimer, WorkerStatsExporter
 from services.metrics import Metrics
@@ -165,60 +164,29 @@ def create_app(
     app.state.gateway = gateway
     _install_error_handlers(app)
 
+    async def generate(request: Request, endpoint: Endpoint[Req]) -> Response:
+        with gateway.counting_refusals() as admission:
+            timer = RequestTimer(time.perf_counter())
+            gateway.check_auth(request)
+            body = await read_json_object(request, config.max_body_bytes)
+            admission.requested_model = str(body.get("model"))
+            req = endpoint.parse(body)
+            model, max_model_len, tokenizer = gateway.model_info()
+            gateway.check_model(req.model, model)
+            include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+            response_id = new_response_id(endpoint.id_prefix)
+            served = Served(response_id, model, max_model_len, tokenizer, gateway.token_text(tokenizer), include_usage)
+            plan = endpoint.plan(req, served)
+            gen = Generation(response_id, model, plan.jobs, plan.num_prompts, bool(req.stream), plan.formatter, timer)
+            return await gateway.runner.run(gen, request)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        with gateway.counting_refusals() as admission:
-            return await _chat(request, admission)
-
-    async def _chat(request: Request, admission: Admission) -> Response:
-        timer = RequestTimer(time.perf_counter())
-        gateway.check_auth(request)
-        body = await read_json_object(request, config.max_body_bytes)
-        admission.requested_model = str(body.get("model"))
-        req = parse_chat(body)
-        model, max_model_len, tokenizer = gateway.model_info()
-        gateway.check_model(req.model, model)
-        jobs = chat_jobs(req, tokenizer, max_model_len)
-        include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-        response_id = new_response_id("chatcmpl")
-        formatter = ChatFormatter(
-            response_id,
-            model,
-            gateway.token_text(tokenizer),
-            logprobs=bool(req.logprobs),
-            include_usage=include_usage,
-        )
-        gen = Generation(response_id, model, jobs, 1, bool(req.stream), formatter, timer)
-        return await gateway.runner.run(gen, request)
+        return await generate(request, CHAT)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        with gateway.counting_refusals() as admission:
-            return await _completion(request, admission)
-
-    async def _completion(request: Request, admission: Admission) -> Response:
-        timer = RequestTimer(time.perf_counter())
-        gateway.check_auth(request)
-        body = await read_json_object(request, config.max_body_bytes)
-        admission.requested_model = str(body.get("model"))
-        req = parse_completion(body)
-        model, max_model_len, tokenizer = gateway.model_info()
-        gateway.check_model(req.model, model)
-        jobs, prompts = completion_jobs(req, tokenizer, max_model_len, tokenizer_vocab_size(tokenizer))
-        include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-        echo = [tokenizer.decode(p, skip_special_tokens=False) for p in prompts] if req.echo else None
-        response_id = new_response_id("cmpl")
-        formatter = CompletionFormatter(
-            response_id,
-            model,
-            gateway.token_text(tokenizer),
-            logprobs=req.logprobs is not None,
-            include_usage=include_usage,
-            echo_texts=echo,
-            n=req.n,
-        )
-        gen = Generation(response_id, model, jobs, len(prompts), bool(req.stream), formatter, timer)
-        return await gateway.runner.run(gen, request)
+        return await generate(request, COMPLETION)
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> JSONResponse:
@@ -283,6 +251,7 @@ def _model_card(model_id: str, max_model_len: int, created_s: float) -> dict[str
 
 
 def _wire_pool(gateway: Gateway) -> None:
+    """The pool's events reach the dispatcher, the router and the exporter from here alone."""
     pool, dispatcher, exporter = gateway.pool, gateway.dispatcher, gateway.exporter
 
     def on_down(replica: Replica, why: str) -> None:
@@ -309,6 +278,7 @@ def _wire_pool(gateway: Gateway) -> None:
         dispatcher.router.forget(replica.replica_id)
         exporter.remove(replica.replica_id)
 
+    pool.on_events = dispatcher.on_events
     pool.on_down = on_down
     pool.on_up = on_up
     pool.on_stats = on_stats

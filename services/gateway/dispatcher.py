@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Coroutine, Sequence
@@ -24,13 +23,12 @@ from typing import Any, Literal
 
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from services.gateway.errors import APIError, InternalError, ServiceUnavailable, field_error
-from services.gateway.errors import Overloaded as OverloadedError
+from services.gateway.errors import APIError, InternalError, Overloaded, ServiceUnavailable, field_error
 from services.gateway.pool import Replica, WorkerPool
-from services.router import NoReplicas, Overloaded, Route, Router
+from services.router import AtCapacity, NoReplicas, Route, Router
 from services.workers.client import WorkerUnavailable
 from services.workers.transfer import TransferTicket
-from services.workers.types import WorkerEvent
+from services.workers.types import WorkerEvent, error_output, not_finished
 
 logger = logging.getLogger(__name__)
 
@@ -70,18 +68,6 @@ class Tracked:
         return self.stage == "done"
 
 
-def error_output(request_id: str, message: str) -> RequestOutput:
-    return RequestOutput(
-        request_id=request_id,
-        new_token_ids=(),
-        new_text="",
-        token_ids=(),
-        finished=True,
-        finish_reason="error",
-        error=message,
-    )
-
-
 class Dispatcher:
     def __init__(
         self,
@@ -99,9 +85,6 @@ class Dispatcher:
         self.retry_after_s = retry_after_s
         self.requests: dict[str, Tracked] = {}
         self._background: set[asyncio.Task[None]] = set()
-        pool.on_events = self.on_events
-        pool.on_down = self.on_replica_down
-        pool.on_removed = lambda replica: self.router.forget(replica.replica_id)
 
     # -- submission -------------------------------------------------------------------------
 
@@ -117,8 +100,8 @@ class Dispatcher:
         """Route and start one engine request; raises an APIError (400/429/503/500) if it cannot."""
         try:
             route = self.router.route(prompt_token_ids, **self.pool.loads())
-        except Overloaded as exc:
-            raise OverloadedError(f"The server is overloaded ({exc}); retry later.", self.retry_after_s) from None
+        except AtCapacity as exc:
+            raise Overloaded(f"The server is overloaded ({exc}); retry later.", self.retry_after_s) from None
         except NoReplicas as exc:
             raise ServiceUnavailable(f"No workers available to serve the request ({exc}).") from None
         disaggregated = route.prefill is not None
@@ -206,7 +189,7 @@ class Dispatcher:
         # worker (which may follow the token in a separate event) is part of it
         tracked.handoff_s = tracked.first_token_s if tracked.first_token_s is not None else now
         if out.new_token_ids or out.new_text:
-            tracked.sink.put_nowait((tracked.index, _not_finished(out)))
+            tracked.sink.put_nowait((tracked.index, not_finished(out)))
         self._release(tracked, tracked.replica)
         tracked.stage = "transfer"
         self._spawn(self._transfer(tracked, ticket))
@@ -221,7 +204,7 @@ class Dispatcher:
                 self._release(tracked, target)
             try:
                 target = self.router.pick_decode(self.pool.loads()["decode"], tracked.prompt_token_ids)
-            except (NoReplicas, Overloaded) as exc:
+            except (NoReplicas, AtCapacity) as exc:
                 self.fail(tracked, f"no decode worker for the KV hand-off: {exc}")
                 return
             self._hold(tracked, target)
@@ -324,7 +307,3 @@ class Dispatcher:
         self.requests.pop(tracked.request_id, None)
         for replica_id in list(tracked.holds):
             self._release(tracked, replica_id)
-
-
-def _not_finished(out: RequestOutput) -> RequestOutput:
-    return dataclasses.replace(out, finished=False, finish_reason=None)

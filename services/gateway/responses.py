@@ -97,7 +97,9 @@ def completion_logprobs(entries: list[TokenLogprob], token_text: TokenText, text
 
 
 class _Formatter:
-    """The response envelope both endpoints share: id, object, created, model, choices, usage."""
+    """The response envelope both endpoints share: id, object, created, model, choices, usage.
+    A choice is `{"index", <content fields>, "logprobs", "finish_reason"}`; the subclasses say
+    what its content and logprobs are."""
 
     object_full: str
     object_chunk: str
@@ -128,11 +130,42 @@ class _Formatter:
             body["usage"] = usage.body() if usage else None
         return body
 
-    def _full(self, choices: list[dict[str, Any]], usage: Usage) -> dict[str, Any]:
-        return {**self._envelope(self.object_full, choices), "usage": usage.body()}
+    @staticmethod
+    def _choice(
+        index: int, content: dict[str, Any], logprobs: dict[str, Any] | None, finish_reason: str | None
+    ) -> dict[str, Any]:
+        return {"index": index, **content, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return self._chunk([], usage)
+
+    def delta_chunk(self, index: int, out: RequestOutput, state: ChoiceState) -> dict[str, Any] | None:
+        if not out.new_text and not (self.logprobs and out.new_logprobs):
+            return None
+        content, logprobs = self._delta(index, out)
+        return self._chunk([self._choice(index, content, logprobs, None)])
+
+    def final_chunk(self, index: int, state: ChoiceState) -> dict[str, Any]:
+        finish_reason = openai_finish_reason(state.finish_reason)
+        return self._chunk([self._choice(index, self._empty_delta(), None, finish_reason)])
+
+    def full(self, states: list[ChoiceState], usage: Usage) -> dict[str, Any]:
+        choices = [
+            self._choice(index, *self._whole(index, state), openai_finish_reason(state.finish_reason))
+            for index, state in enumerate(states)
+        ]
+        return {**self._envelope(self.object_full, choices), "usage": usage.body()}
+
+    def _delta(self, index: int, out: RequestOutput) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The content fields and logprobs of a streamed piece of a choice."""
+        raise NotImplementedError
+
+    def _empty_delta(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _whole(self, index: int, state: ChoiceState) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The content fields and logprobs of a whole choice."""
+        raise NotImplementedError
 
 
 class ChatFormatter(_Formatter):
@@ -140,49 +173,20 @@ class ChatFormatter(_Formatter):
     object_chunk = "chat.completion.chunk"
 
     def opening_chunk(self, index: int) -> dict[str, Any]:
-        return self._chunk(
-            [
-                {
-                    "index": index,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-            ]
-        )
+        return self._chunk([self._choice(index, {"delta": {"role": "assistant", "content": ""}}, None, None)])
 
-    def delta_chunk(self, index: int, out: RequestOutput, state: ChoiceState) -> dict[str, Any] | None:
-        if not out.new_text and not (self.logprobs and out.new_logprobs):
-            return None
-        lp = chat_logprobs(list(out.new_logprobs), self.token_text) if self.logprobs else None
-        return self._chunk(
-            [{"index": index, "delta": {"content": out.new_text}, "logprobs": lp, "finish_reason": None}]
-        )
+    def _logprobs(self, entries: list[TokenLogprob]) -> dict[str, Any] | None:
+        return chat_logprobs(entries, self.token_text) if self.logprobs else None
 
-    def final_chunk(self, index: int, state: ChoiceState) -> dict[str, Any]:
-        return self._chunk(
-            [
-                {
-                    "index": index,
-                    "delta": {},
-                    "logprobs": None,
-                    "finish_reason": openai_finish_reason(state.finish_reason),
-                }
-            ]
-        )
+    def _delta(self, index: int, out: RequestOutput) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        return {"delta": {"content": out.new_text}}, self._logprobs(list(out.new_logprobs))
 
-    def full(self, states: list[ChoiceState], usage: Usage) -> dict[str, Any]:
-        choices = []
-        for index, state in enumerate(states):
-            choices.append(
-                {
-                    "index": index,
-                    "message": {"role": "assistant", "content": state.text, "refusal": None},
-                    "logprobs": chat_logprobs(state.logprobs, self.token_text) if self.logprobs else None,
-                    "finish_reason": openai_finish_reason(state.finish_reason),
-                }
-            )
-        return self._full(choices, usage)
+    def _empty_delta(self) -> dict[str, Any]:
+        return {"delta": {}}
+
+    def _whole(self, index: int, state: ChoiceState) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        message = {"role": "assistant", "content": state.text, "refusal": None}
+        return {"message": message}, self._logprobs(state.logprobs)
 
 
 class CompletionFormatter(_Formatter):
@@ -204,45 +208,30 @@ class CompletionFormatter(_Formatter):
         self.n = n
         self._offsets: dict[int, int] = {}
 
+    def _echo(self, index: int) -> str:
+        return self.echo_texts[index // self.n] if self.echo_texts is not None else ""
+
+    def _logprobs(self, entries: list[TokenLogprob], text_offset: int) -> dict[str, Any] | None:
+        return completion_logprobs(entries, self.token_text, text_offset) if self.logprobs else None
+
     def opening_chunk(self, index: int) -> dict[str, Any] | None:
         if self.echo_texts is None:
             return None
-        text = self.echo_texts[index // self.n]
+        text = self._echo(index)
         self._offsets[index] = len(text)
-        return self._chunk([{"index": index, "text": text, "logprobs": None, "finish_reason": None}])
+        return self._chunk([self._choice(index, {"text": text}, None, None)])
 
-    def delta_chunk(self, index: int, out: RequestOutput, state: ChoiceState) -> dict[str, Any] | None:
-        if not out.new_text and not (self.logprobs and out.new_logprobs):
-            return None
+    def _delta(self, index: int, out: RequestOutput) -> tuple[dict[str, Any], dict[str, Any] | None]:
         offset = self._offsets.get(index, 0)
-        lp = completion_logprobs(list(out.new_logprobs), self.token_text, offset) if self.logprobs else None
         self._offsets[index] = offset + len(out.new_text)
-        return self._chunk([{"index": index, "text": out.new_text, "logprobs": lp, "finish_reason": None}])
+        return {"text": out.new_text}, self._logprobs(list(out.new_logprobs), offset)
 
-    def final_chunk(self, index: int, state: ChoiceState) -> dict[str, Any]:
-        return self._chunk(
-            [
-                {
-                    "index": index,
-                    "text": "",
-                    "logprobs": None,
-                    "finish_reason": openai_finish_reason(state.finish_reason),
-                }
-            ]
-        )
+    def _empty_delta(self) -> dict[str, Any]:
+        return {"text": ""}
 
-    def full(self, states: list[ChoiceState], usage: Usage) -> dict[str, Any]:
-        choices = []
-        for index, state in enumerate(states):
-            prefix = self.echo_texts[index // self.n] if self.echo_texts is not None else ""
-            choices.append(
-                {
-                    "index": index,
-                    "text": prefix + state.text,
-                    "logprobs": completion_logprobs(state.logprobs, self.token_text, len(prefix))
-                    if self.logprobs
-                    else None,
-                    "finish_reason": openai_finish_reason(state.finish_reason),
-                }
-            )
-        return self._full(choices, usage)
+    def _whole(self, index: int, state: ChoiceState) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        prefix = self._echo(index)
+        return {"text": prefix + state.text}, self._logprobs(state.logprobs, len(prefix))
+
+
+Formatter = ChatFormatter | CompletionFormatter

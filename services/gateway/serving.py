@@ -19,14 +19,12 @@ from starlette.requests import Request
 from services.gateway.dispatcher import Dispatcher, Sink, Tracked
 from services.gateway.errors import APIError, InternalError
 from services.gateway.preprocess import Job
-from services.gateway.responses import ChatFormatter, ChoiceState, CompletionFormatter, Usage
+from services.gateway.responses import ChoiceState, Formatter, Usage
 from services.gateway.sse import DONE, sse_event
 from services.gateway.streaming import DisconnectAwareStreamingResponse, wait_for_disconnect
 from services.gateway.telemetry import CLIENT_CLOSED, InflightRequest, RequestMetrics, RequestTimer
 
 logger = logging.getLogger(__name__)
-
-Formatter = ChatFormatter | CompletionFormatter
 
 
 @dataclass(frozen=True)

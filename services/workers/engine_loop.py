@@ -23,13 +23,24 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from engine.handoff import KVHandoff
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from services.workers.outbox import Outbox
 from services.workers.transfer import KVTransfer, TransferError, TransferTicket
-from services.workers.types import Ack, PollResult, Role, StatsSnapshot, WorkerEvent, WorkerInfo
+from services.workers.types import (
+    Ack,
+    PollResult,
+    Role,
+    StatsSnapshot,
+    WorkerEvent,
+    WorkerInfo,
+    error_output,
+    failed,
+    not_finished,
+)
 
 if TYPE_CHECKING:
     from engine.core import EngineCore
@@ -229,23 +240,11 @@ class EngineLoop:
         if request_id in self._owner:
             future.set_result(Ack.invalid(f"request_id: {request_id!r} is already running"))
             return
-        try:
-            if prefill_only:
-                self.engine.add_prefill_request(request_id, prompt, params, arrival_s=arrival_s)
-            else:
-                self.engine.add_request(request_id, prompt, params, arrival_s=arrival_s)
-        except ValueError as exc:
-            future.set_result(Ack.invalid(str(exc)))
-            return
-        except Exception as exc:
-            logger.exception("request %s: add_request failed", request_id)
-            future.set_result(Ack.failed(f"{type(exc).__name__}: {exc}"))
-            return
-        self._owner[request_id] = consumer
-        future.set_result(Ack.success())
+        add = self.engine.add_prefill_request if prefill_only else self.engine.add_request
+        self._admit(future, consumer, request_id, lambda: add(request_id, prompt, params, arrival_s=arrival_s))
 
     def _do_add_decode(
-        self, future: concurrent.futures.Future[Ack], consumer: str, request_id: str, handoff: Any
+        self, future: concurrent.futures.Future[Ack], consumer: str, request_id: str, handoff: KVHandoff
     ) -> None:
         with self._receive_lock:
             self._receiving.pop(request_id, None)
@@ -254,13 +253,24 @@ class EngineLoop:
         if cancelled:
             future.set_result(Ack.failed("request was aborted during the KV transfer"))
             return
+        self._admit(future, consumer, request_id, lambda: self.engine.add_decode_request(request_id, handoff))
+
+    def _admit(
+        self,
+        future: concurrent.futures.Future[Ack],
+        consumer: str,
+        request_id: str,
+        add: Callable[[], None],
+    ) -> None:
+        """Hand a request to the engine (`add`) and answer `future`: invalid for input the
+        engine refuses (ValueError), failed for any other error."""
         try:
-            self.engine.add_decode_request(request_id, handoff)
+            add()
         except ValueError as exc:
             future.set_result(Ack.invalid(str(exc)))
             return
         except Exception as exc:
-            logger.exception("request %s: add_decode_request failed", request_id)
+            logger.exception("request %s: adding it to the engine failed", request_id)
             future.set_result(Ack.failed(f"{type(exc).__name__}: {exc}"))
             return
         self._owner[request_id] = consumer
@@ -284,7 +294,7 @@ class EngineLoop:
 
     def _publish(self, outputs: list[RequestOutput]) -> None:
         by_consumer: dict[str, list[WorkerEvent]] = defaultdict(list)
-        handoffs: list[tuple[str, RequestOutput, Any]] = []
+        handoffs: list[tuple[str, RequestOutput, KVHandoff]] = []
         for out in outputs:
             consumer = self._owner.get(out.request_id)
             if consumer is None:
@@ -293,10 +303,10 @@ class EngineLoop:
                 del self._owner[out.request_id]
                 handoff = self._export(out)
                 if handoff is None:
-                    by_consumer[consumer].append(WorkerEvent(_failed(out, "KV export failed")))
+                    by_consumer[consumer].append(WorkerEvent(failed(out, "KV export failed")))
                     continue
                 # the first token goes out now; the ticket follows once the KV is sent
-                by_consumer[consumer].append(WorkerEvent(_not_finished(out)))
+                by_consumer[consumer].append(WorkerEvent(not_finished(out)))
                 handoffs.append((consumer, out, handoff))
             else:
                 by_consumer[consumer].append(WorkerEvent(out))
@@ -306,7 +316,7 @@ class EngineLoop:
         for consumer, out, handoff in handoffs:  # after the tokens: a consumer sees them first
             self._sender.submit(self._send, consumer, out, handoff)
 
-    def _export(self, out: RequestOutput) -> Any:
+    def _export(self, out: RequestOutput) -> KVHandoff | None:
         """The request's KV, freed here; None (and the slots released) if that fails."""
         try:
             return self.engine.export_kv(out.request_id)
@@ -318,7 +328,7 @@ class EngineLoop:
                 logger.exception("request %s: release_handoff failed", out.request_id)
             return None
 
-    def _send(self, consumer: str, out: RequestOutput, handoff: Any) -> None:
+    def _send(self, consumer: str, out: RequestOutput, handoff: KVHandoff) -> None:
         """Sender thread: make the KV reachable (e.g. ray.put of tens of MB) off the step
         thread, then publish the ticket."""
         marker = dataclasses.replace(out, new_token_ids=(), new_text="", new_logprobs=())
@@ -326,32 +336,12 @@ class EngineLoop:
             event = WorkerEvent(marker, self.transfer.send(out.request_id, handoff))
         except Exception as exc:  # export already freed the slots here
             logger.exception("request %s: KV send failed", out.request_id)
-            event = WorkerEvent(_failed(marker, f"KV transfer failed: {exc}"))
+            event = WorkerEvent(failed(marker, f"KV transfer failed: {exc}"))
         self.outbox.put_many({consumer: [event]})
 
     def _fail_all(self, message: str) -> None:
         by_consumer: dict[str, list[WorkerEvent]] = defaultdict(list)
         for rid, consumer in self._owner.items():
-            by_consumer[consumer].append(
-                WorkerEvent(
-                    RequestOutput(
-                        request_id=rid,
-                        new_token_ids=(),
-                        new_text="",
-                        token_ids=(),
-                        finished=True,
-                        finish_reason="error",
-                        error=message,
-                    )
-                )
-            )
+            by_consumer[consumer].append(WorkerEvent(error_output(rid, message)))
         self._owner.clear()
         self.outbox.put_many(by_consumer)
-
-
-def _failed(out: RequestOutput, message: str) -> RequestOutput:
-    return dataclasses.replace(out, finished=True, finish_reason="error", error=message)
-
-
-def _not_finished(out: RequestOutput) -> RequestOutput:
-    return dataclasses.replace(out, finished=False, finish_reason=None)

@@ -17,10 +17,9 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from engine.core import KVHandoff
+from engine.handoff import KVHandoff
 
 
 class TransferError(RuntimeError):
@@ -34,16 +33,6 @@ class TransferTicket:
     payload: Any  # transport-specific handle (a Ray ObjectRef for the object store)
     nbytes: int
     created_s: float  # time.time() on the prefill worker
-
-
-def handoff_nbytes(handoff: Any) -> int:
-    """Bytes of KV tensors in a hand-off (target and draft)."""
-    total = 0
-    for name in ("target_kv", "draft_kv"):
-        tensor = getattr(handoff, name, None)
-        if tensor is not None and hasattr(tensor, "element_size"):
-            total += tensor.element_size() * tensor.nelement()
-    return total
 
 
 class KVTransfer(abc.ABC):
@@ -73,7 +62,7 @@ class RayObjectStoreTransfer(KVTransfer):
         import ray
 
         ref = ray.put(handoff)
-        return TransferTicket(request_id, self.name, ref, handoff_nbytes(handoff), time.time())
+        return TransferTicket(request_id, self.name, ref, handoff.nbytes, time.time())
 
     async def receive(self, ticket: TransferTicket, timeout_s: float) -> KVHandoff:
         import ray
@@ -92,7 +81,7 @@ class InProcessTransfer(KVTransfer):
     name = "inprocess"
 
     def send(self, request_id: str, handoff: KVHandoff) -> TransferTicket:
-        return TransferTicket(request_id, self.name, handoff, handoff_nbytes(handoff), time.time())
+        return TransferTicket(request_id, self.name, handoff, handoff.nbytes, time.time())
 
     async def receive(self, ticket: TransferTicket, timeout_s: float) -> KVHandoff:
         return ticket.payload

@@ -3,9 +3,11 @@ return values). Frozen dataclasses, pickled by Ray."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
+from engine.core import EngineStats
 from engine.outputs import RequestOutput
 
 if TYPE_CHECKING:
@@ -74,6 +76,29 @@ class StatsSnapshot:
     """The engine's `EngineStats` plus the worker's own identity, taken on the step thread."""
 
     instance_id: str
-    engine: Any  # engine.core.EngineStats (frozen dataclass)
+    engine: EngineStats
     num_consumers: int
     step_loop_alive: bool
+
+
+def error_output(request_id: str, message: str) -> RequestOutput:
+    """The last output of a request that failed before or between the engine's outputs."""
+    return RequestOutput(
+        request_id=request_id,
+        new_token_ids=(),
+        new_text="",
+        token_ids=(),
+        finished=True,
+        finish_reason="error",
+        error=message,
+    )
+
+
+def failed(out: RequestOutput, message: str) -> RequestOutput:
+    """`out` turned into its request's last output, failed with `message`."""
+    return dataclasses.replace(out, finished=True, finish_reason="error", error=message)
+
+
+def not_finished(out: RequestOutput) -> RequestOutput:
+    """`out` without its finish (a hand-off's first token: the request goes on elsewhere)."""
+    return dataclasses.replace(out, finished=False, finish_reason=None)

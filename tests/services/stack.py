@@ -19,7 +19,7 @@ from services.gateway import GatewayConfig, create_app
 from services.gateway.pool import PoolConfig, RayDiscovery
 from services.workers.deploy import WorkerOptions, spawn_workers, wait_ready
 from services.workers.types import Role
-from tests.services.conftest import MODEL
+from tests.services.conftest import MODEL, chat_token_ids, greedy_reference, test_engine_config
 from tests.services.serving import serve
 from tests.services.serving import wait_ready as wait_http_ready
 
@@ -98,6 +98,21 @@ def kill_all(handles: dict[str, Any]) -> None:
     for handle in handles.values():
         with contextlib.suppress(Exception):
             ray.kill(handle, no_restart=True)
+
+
+@contextlib.contextmanager
+def workers(topology: Sequence[tuple[Role, int]], deployment: str) -> Iterator[dict[str, Any]]:
+    """The worker actors of `topology` with the default engine, killed on the way out."""
+    handles = spawn(topology, deployment, test_engine_config())
+    try:
+        yield handles
+    finally:
+        kill_all(handles)
+
+
+def offline_answers(engine_core: Any, max_tokens: int) -> list[str]:
+    """The offline engine's greedy answers to QUESTIONS, which every served stream must match."""
+    return greedy_reference(engine_core, [chat_token_ids(engine_core, q) for q in QUESTIONS], max_tokens)
 
 
 def stream_text(client: openai.OpenAI, question: str, max_tokens: int, **extra: Any) -> str:

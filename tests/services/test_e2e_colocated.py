@@ -12,15 +12,15 @@ import httpx
 import pytest
 
 from services.cli import main as cli_main
-from tests.services.conftest import MODEL, chat_token_ids, greedy_reference, test_engine_config
+from tests.services.conftest import MODEL
 from tests.services.stack import (
     QUESTIONS,
     Stack,
     concurrent_streams,
     disconnects_and_streams,
     gateway,
-    kill_all,
-    spawn,
+    offline_answers,
+    workers,
 )
 
 pytestmark = pytest.mark.timeout(900)
@@ -30,15 +30,14 @@ MAX_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def handles(ray_cluster: None) -> Iterator[dict[str, Any]]:
-    spawned = spawn([("worker", 1)], DEPLOYMENT, test_engine_config())
-    yield spawned
-    kill_all(spawned)
+    with workers([("worker", 1)], DEPLOYMENT) as spawned:
+        yield spawned
 
 
 @pytest.fixture(scope="module")
 def reference(handles: dict[str, Any], engine_core: Any) -> list[str]:
     """Offline greedy answers, computed while the worker loads its model."""
-    return greedy_reference(engine_core, [chat_token_ids(engine_core, q) for q in QUESTIONS], MAX_TOKENS)
+    return offline_answers(engine_core, MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")

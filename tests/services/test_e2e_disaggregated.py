@@ -18,7 +18,7 @@ import ray
 
 from services.gateway import GatewayConfig, create_app
 from services.gateway.pool import RayDiscovery
-from tests.services.conftest import MODEL, chat_token_ids, greedy_reference, test_engine_config
+from tests.services.conftest import MODEL
 from tests.services.prometheus import prometheus_binary, run_prometheus
 from tests.services.serving import serve, wait_ready
 from tests.services.stack import (
@@ -28,9 +28,9 @@ from tests.services.stack import (
     concurrent_streams,
     disconnects_and_streams,
     gateway,
-    kill_all,
-    spawn,
+    offline_answers,
     stream_text,
+    workers,
 )
 
 pytestmark = pytest.mark.timeout(1200)
@@ -40,15 +40,14 @@ MAX_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def handles(ray_cluster: None) -> Iterator[dict[str, Any]]:
-    spawned = spawn([("prefill", 1), ("decode", 1)], DEPLOYMENT, test_engine_config())
-    yield spawned
-    kill_all(spawned)
+    with workers([("prefill", 1), ("decode", 1)], DEPLOYMENT) as spawned:
+        yield spawned
 
 
 @pytest.fixture(scope="module")
 def reference(handles: dict[str, Any], engine_core: Any) -> list[str]:
     """Offline greedy answers, computed while the workers load their models."""
-    return greedy_reference(engine_core, [chat_token_ids(engine_core, q) for q in QUESTIONS], MAX_TOKENS)
+    return offline_answers(engine_core, MAX_TOKENS)
 
 
 @pytest.fixture(scope="module")

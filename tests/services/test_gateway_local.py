@@ -97,40 +97,26 @@ def test_stream_and_whole_response_agree(client: openai.OpenAI) -> None:
 
 
 def test_sampling_options_logprobs_and_n(client: openai.OpenAI) -> None:
-    response = client.chat.completions.create(
-        model=MODEL,
-        messages=messages("Name a colour."),
-        max_completion_tokens=6,
-        temperature=0.8,
-        top_p=0.9,
-        seed=11,
-        n=2,
-        logprobs=True,
-        top_logprobs=3,
-        presence_penalty=0.5,
-        frequency_penalty=0.2,
-        user="u1",
-        stop=["\n\n"],
-        extra_body={"top_k": 20, "min_p": 0.05},
-    )
+    sampling: dict[str, Any] = {
+        "model": MODEL,
+        "messages": messages("Name a colour."),
+        "max_completion_tokens": 6,
+        "temperature": 0.8,
+        "top_p": 0.9,
+        "seed": 11,
+        "n": 2,
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.2,
+        "stop": ["\n\n"],
+        "extra_body": {"top_k": 20, "min_p": 0.05},
+    }
+    response = client.chat.completions.create(**sampling, logprobs=True, top_logprobs=3, user="u1")
     assert [c.index for c in response.choices] == [0, 1]
     for choice in response.choices:
         content = choice.logprobs.content  # type: ignore[union-attr]
         assert content and all(len(entry.top_logprobs) == 3 for entry in content)
         assert all(entry.logprob <= 0 for entry in content)
-    again = client.chat.completions.create(
-        model=MODEL,
-        messages=messages("Name a colour."),
-        max_completion_tokens=6,
-        temperature=0.8,
-        top_p=0.9,
-        seed=11,
-        n=2,
-        presence_penalty=0.5,
-        frequency_penalty=0.2,
-        stop=["\n\n"],
-        extra_body={"top_k": 20, "min_p": 0.05},
-    )
+    again = client.chat.completions.create(**sampling)
     assert [c.message.content for c in again.choices] == [c.message.content for c in response.choices]
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from services.router import (
+    AtCapacity,
     NoReplicas,
-    Overloaded,
     PrefixIndex,
     ReplicaLoad,
     Router,
@@ -107,7 +107,7 @@ def test_ties_rotate() -> None:
 def test_full_replicas_are_never_chosen_and_all_full_is_overload() -> None:
     router = Router()
     assert router.route(prompt(1, 8), colocated=[replica("a", inflight=8), replica("b", inflight=7)]).decode == "b"
-    with pytest.raises(Overloaded):
+    with pytest.raises(AtCapacity):
         router.route(prompt(1, 8), colocated=[replica("a", inflight=8), replica("b", inflight=9)])
 
 
@@ -131,9 +131,9 @@ def test_disaggregated_picks_one_of_each_pool() -> None:
 
 def test_disaggregated_overload_in_either_pool() -> None:
     router = Router()
-    with pytest.raises(Overloaded):
+    with pytest.raises(AtCapacity):
         router.route(prompt(1, 8), prefill=[replica("p", inflight=8)], decode=[replica("d")])
-    with pytest.raises(Overloaded):
+    with pytest.raises(AtCapacity):
         router.route(prompt(1, 8), prefill=[replica("p")], decode=[replica("d", inflight=8)])
 
 
