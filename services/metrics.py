@@ -1,4 +1,4 @@
-"""Every Prometheus metric of the deployment, defined once (DESIGN.md §6).
+"""Every Prometheus metric of the deployment, defined once (docs/design.md §6).
 
 Dashboards, alert rules, the planner and KEDA triggers use exactly these names; tests read
 them from `METRIC_SPECS`. The gateway exports request-level metrics (role="gateway"); workers

@@ -1,4 +1,4 @@
-"""Choosing the replicas that serve a request (DESIGN.md §5). Pure policy: no I/O.
+"""Choosing the replicas that serve a request (docs/design.md §5). Pure policy: no I/O.
 
 Prefix affinity: prompts are cut into blocks of `block_tokens` tokens and each block gets a
 chained hash (it identifies the whole prefix up to its end). A bounded LRU index remembers

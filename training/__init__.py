@@ -1,4 +1,4 @@
-"""Training a DSpark drafter by distillation from its target (DESIGN.md §3 "Training").
+"""Training a DSpark drafter by distillation from its target (docs/design.md §3 "Training").
 
 prompts.py, prompt_topics.py   the chat prompt set (templates x topics from data/, held-out split by hash)
 generate.py                    the target answers it (engine.LLM or a dense sampler) into shards

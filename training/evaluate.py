@@ -9,7 +9,7 @@ next tokens. Draft i is accepted while it equals them; the verify commits the ac
 plus the bonus, and the next anchor is the bonus at p + accepted + 1. Where the target's
 argmax (recomputed here) and the stored greedy token disagree (rounding in generation), the
 greedy path beyond that point is unknown and acceptance stops there.
-Reported: committed tokens per verify (accepted + 1, DESIGN.md's `dspark_spec_accept_length`)
+Reported: committed tokens per verify (accepted + 1, docs/design.md's `dspark_spec_accept_length`)
 and P(draft i accepted) per position.
 
 Sampled (temperature T, default 0.7), on held-out sequences sampled at the temperature

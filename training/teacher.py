@@ -3,7 +3,7 @@ residual streams the drafter reads, plus the target's own next-token predictions
 
 Row b of a batch holds `lengths[b]` real tokens, then padding. Position s of the target's
 output predicts the token at s + 1 from tokens `[0, s]`, the same value the engine's causal
-prefill or verify forward gives at that position (DESIGN.md §3: the draft context KV of a
+prefill or verify forward gives at that position (docs/design.md §3: the draft context KV of a
 token is built from exactly this captured hidden).
 """
 

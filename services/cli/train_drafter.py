@@ -1,4 +1,4 @@
-"""`dspark-serve train-drafter`: train a DSpark drafter for a target model (DESIGN.md §3).
+"""`dspark-serve train-drafter`: train a DSpark drafter for a target model (docs/design.md §3).
 
     dspark-serve train-drafter --model smollm2-135m --out DIR --gamma 7 --layers 1 \\
         --markov-rank 64 --num-prompts 6000 --max-new-tokens 256 --max-minutes 9 --device auto

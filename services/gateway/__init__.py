@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP gateway (DESIGN.md §6)."""
+"""The OpenAI-compatible HTTP gateway (docs/design.md §6)."""
 
 from services.gateway.app import create_app
 from services.gateway.config import GatewayConfig

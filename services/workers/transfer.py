@@ -1,4 +1,4 @@
-"""Moving a prefilled request's KV from a prefill worker to a decode worker (DESIGN.md §5).
+"""Moving a prefilled request's KV from a prefill worker to a decode worker (docs/design.md §5).
 
 The prefill side turns an exported `KVHandoff` into a `TransferTicket` (`send`); the ticket
 travels through the gateway to the decode worker, which turns it back into the hand-off

@@ -1,6 +1,6 @@
 """The dense training block forward is the inference block: for every anchor p it equals
 inject_kv of the context [0, p) into the paged draft pool followed by propose with the torch
-attention backend (DESIGN.md §3), logits to 1e-4."""
+attention backend (docs/design.md §3), logits to 1e-4."""
 
 from __future__ import annotations
 
