@@ -3,8 +3,12 @@
 # One image for every role: `docker run IMAGE gateway|worker|planner|up …` runs
 # `dspark-serve <role>` (every option also reads DSPARK_* variables). The base is ROCm PyTorch
 # (AMD MI35x) unless BASE_IMAGE says otherwise; scripts/build-image.sh picks the base and tag for
-# each flavor (rocm, cuda, cpu). Model weights are never baked in: mount them, e.g. at /models
-# (the Helm chart mounts a PVC, host path or image volume there, read-only).
+# each flavor (rocm, cuda, cpu). Every Python dependency's version comes from requirements.lock
+# (`make lock` writes it from pyproject.toml; the Makefile installs through it too), Ray with its
+# `default` extra: the dashboard and the per-node agent whose HTTP ports the chart's probes call.
+# The shipped drafters are package data, so the image carries them. Model weights are never
+# baked in: mount them, e.g. at /models (the Helm chart mounts a PVC, host path or image volume
+# there, read-only).
 #
 #   docker build -t dspark-serve:0.1.0-rocm .
 #   docker build -t dspark-serve:0.1.0-cuda \
@@ -29,10 +33,11 @@ RUN python3 -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 FROM ${BASE_IMAGE} AS runtime
 ARG PIP_INDEX_URL
 ARG PIP_FIND_LINKS
-# Bases without PyTorch (the cpu flavor) install this torch version first, from TORCH_INDEX_URL;
-# the ROCm and CUDA bases keep their own build, which satisfies `torch>=2.6`.
+# Bases without PyTorch (the cpu flavor) install this torch version first, from PIP_FIND_LINKS
+# or TORCH_INDEX_URL (an extra index; empty: none); the ROCm and CUDA bases keep their own
+# build, which satisfies `torch>=2.6`.
 ARG TORCH_VERSION=""
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG TORCH_INDEX_URL=""
 ARG DSPARK_UID=10001
 
 LABEL org.opencontainers.image.title="dspark-serve" \
@@ -49,14 +54,17 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     DSPARK_PORT=8000
 
 COPY --from=build /wheels /tmp/wheels
+COPY requirements.lock /tmp/requirements.lock
 RUN set -eux; \
     if [ -n "${TORCH_VERSION}" ]; then \
-      python3 -m pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"; \
+      python3 -m pip install --no-cache-dir -c /tmp/requirements.lock \
+        ${TORCH_INDEX_URL:+--extra-index-url "${TORCH_INDEX_URL}"} "torch==${TORCH_VERSION}"; \
     fi; \
     set -- /tmp/wheels/dspark_serve-*.whl; \
-    python3 -m pip install --no-cache-dir "dspark-serve[serve] @ file://$1"; \
-    rm -rf /tmp/wheels; \
-    python3 -c "import torch, ray, fastapi, prometheus_client"; \
+    python3 -m pip install --no-cache-dir -c /tmp/requirements.lock "dspark-serve[serve] @ file://$1"; \
+    rm -rf /tmp/wheels /tmp/requirements.lock; \
+    python3 -c "import torch, ray, fastapi, prometheus_client, aiohttp, aiohttp_cors, opencensus"; \
+    python3 -c "import ray.dashboard.dashboard, ray.dashboard.agent"; \
     command -v dspark-serve; \
     groupadd --gid "${DSPARK_UID}" dspark; \
     useradd --uid "${DSPARK_UID}" --gid dspark --home-dir /home/dspark --create-home \

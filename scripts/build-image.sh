@@ -13,8 +13,8 @@
 #                            can reach Debian and PyPI mirrors but no container registry
 #   --wheels DIR             a directory of wheels pip may use (mounted into the build; buildah,
 #                            podman), e.g. a local CPU build of torch
-#   --torch-index-url URL    where the cpu flavor's torch comes from
-#                            (default: https://download.pytorch.org/whl/cpu)
+#   --torch-index-url URL    an extra index for the cpu flavor's torch (default: the PyTorch CPU
+#                            index, or none with --wheels: the torch wheel is then taken from DIR)
 #   --dry-run                print the build command instead of running it
 #
 # buildah needs no daemon: it builds with the vfs storage driver and chroot isolation, which work
@@ -27,7 +27,7 @@ LOCAL_BASE="localhost/dspark-base:bookworm"
 TORCH_VERSION_CPU="2.13.0"
 
 flavor=rocm base="" repository=dspark-serve tag="" builder="" make_base=0 wheels="" dry_run=0
-torch_index_url="https://download.pytorch.org/whl/cpu"
+torch_index_url=""
 
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
 die() { echo "build-image: $*" >&2; exit 1; }
@@ -94,6 +94,7 @@ make_local_base() {
 
 args=(--build-arg "BASE_IMAGE=${base}" -t "${tag}" -f "${ROOT}/Dockerfile")
 if [[ ${flavor} == cpu ]]; then
+  [[ -n ${torch_index_url} || -n ${wheels} ]] || torch_index_url="https://download.pytorch.org/whl/cpu"
   args+=(--build-arg "TORCH_VERSION=${TORCH_VERSION_CPU}" --build-arg "TORCH_INDEX_URL=${torch_index_url}")
 fi
 if [[ -n ${wheels} ]]; then
