@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.attention.metadata import AttentionMetadata
+from engine.kernels.attention_metadata import AttentionMetadata
 
 
 def dense_metadata(num_rows: int, row_len: int, device: torch.device, causal: bool = True) -> AttentionMetadata:

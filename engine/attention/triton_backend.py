@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.metadata import AttentionMetadata
-from engine.kernels.store_kv import store_kv_triton
+from engine.kernels.attention_metadata import AttentionMetadata
 from engine.kernels.triton.decode_attention import MAX_ROWS, decode_attention, split_kv_rows
 from engine.kernels.triton.extend_attention import extend_attention
+from engine.kernels.triton.store_kv import store_kv_triton
 
 
 class TritonAttentionBackend:

@@ -1,4 +1,5 @@
-"""What one forward tells the attention backend.
+"""What one forward tells the attention backend and every attention kernel it runs: the
+kernels' input contract (engine.kernels.attention, triton/, cpu/attention.py read it).
 
 Every forward is a batch of B requests; request b brings `extend_lens[b]` new query tokens
 at positions `seq_lens[b] - extend_lens[b] ... seq_lens[b] - 1`. Decode is extend 1, DSpark

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-except ImportError:  # CPU installs without the `gpu` extra run the torch path only
-    triton = None
+from engine.kernels.triton import launch
 
 
 def use_triton(x: torch.Tensor, *params: torch.Tensor) -> bool:
@@ -18,6 +15,6 @@ def use_triton(x: torch.Tensor, *params: torch.Tensor) -> bool:
     CPU tensors never take Triton: the dispatchers give them the C kernels of
     engine.kernels.cpu when those are built (rounding as the references do), else the torch
     reference."""
-    if not x.is_cuda or triton is None:
+    if not x.is_cuda or not launch.available():
         return False
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in (x, *params)))

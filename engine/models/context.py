@@ -1,5 +1,6 @@
 """The per-forward context a model reads: attention metadata, the KV pool, the attention
-backend, and which layers' residual streams to capture (DSpark reads them)."""
+backend (engine.attention.backend.AttentionBackend), and which layers' residual streams to
+capture (DSpark reads them)."""
 
 from __future__ import annotations
 
@@ -8,22 +9,8 @@ from typing import Protocol
 
 import torch
 
-from engine.attention.metadata import AttentionMetadata
-
-
-class AttentionBackend(Protocol):
-    def forward(
-        self,
-        q: torch.Tensor,  # [T, Hq, D]
-        k: torch.Tensor,  # [T, Hkv, D] new keys (RoPE applied)
-        v: torch.Tensor,  # [T, Hkv, D]
-        k_cache: torch.Tensor,  # [num_slots + 1, Hkv, D]; the last row is a write sink
-        v_cache: torch.Tensor,  # [num_slots + 1, Hkv, D]
-        meta: AttentionMetadata,
-        scale: float,
-    ) -> torch.Tensor:  # [T, Hq, D]
-        """Store k/v at meta.out_slots, then attend (see AttentionMetadata)."""
-        ...
+from engine.attention.backend import AttentionBackend
+from engine.kernels.attention_metadata import AttentionMetadata
 
 
 class KVCaches(Protocol):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.attention.metadata import AttentionMetadata
+from engine.kernels.attention_metadata import AttentionMetadata
 from engine.runner.h2d import to_device
 
 

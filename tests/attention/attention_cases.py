@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention.metadata import AttentionMetadata
+from engine.kernels.attention_metadata import AttentionMetadata
 
 
 @dataclass

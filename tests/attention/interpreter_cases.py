@@ -1,6 +1,8 @@
-"""The Triton kernels under TRITON_INTERPRET=1 on CPU, against the torch backend and a
-float64 per-request loop. Shapes are tiny (the interpreter runs each program in Python);
-tiles of 16 make every request span several key blocks, query blocks and splits.
+"""The Triton attention kernels (engine/kernels/triton/{decode,extend}_attention.py) and the
+Triton backend under TRITON_INTERPRET=1 on CPU, against the torch backend and a float64
+per-request loop (the KV-store kernel alone: tests/kernels/triton/test_store_kv.py). Shapes
+are tiny (the interpreter runs each program in Python); tiles of 16 make every request span
+several key blocks, query blocks and splits.
 
 Not collected by a plain `pytest` run (the name lacks `test_`): test_attention_triton.py
 runs this file in a subprocess with TRITON_INTERPRET=1, because the variable must be set
@@ -82,18 +84,6 @@ def check(case, out: torch.Tensor) -> None:
 
 def poisoned(case) -> torch.Tensor:
     return torch.full_like(case.q, float("nan"))
-
-
-@pytest.mark.parametrize(("page_size", "dtype"), [(1, torch.float32), (16, torch.float32), (16, torch.bfloat16)])
-def test_store_kv_triton(page_size: int, dtype: torch.dtype, seed: int):
-    case = scenario_case("ragged-causal", seed, num_q_heads=6, num_kv_heads=3, page_size=page_size, dtype=dtype)
-    k_cache, v_cache = case.clone_caches()
-    sink_k = k_cache[-1].clone()
-    store_kv_module.store_kv_triton(case.k, case.v, k_cache, v_cache, case.meta.out_slots)
-    k_ref, v_ref = stored_caches_float64(case)
-    torch.testing.assert_close(k_cache.double(), k_ref, equal_nan=True, atol=0, rtol=0)
-    torch.testing.assert_close(v_cache.double(), v_ref, equal_nan=True, atol=0, rtol=0)
-    assert torch.equal(k_cache[-1].isnan(), sink_k.isnan()), "slot -1 must not be written"
 
 
 @pytest.mark.parametrize(

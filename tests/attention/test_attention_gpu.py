@@ -84,7 +84,7 @@ def test_triton_matches_float64_loop(scenario, dtype, seed):
 def test_store_kv_kernel_at_model_shapes(seed):
     case = scenario_case("ragged-causal", seed, num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16,
                          dtype=torch.bfloat16, device="cuda", max_len=500)  # fmt: skip
-    from engine.kernels.store_kv import store_kv_triton
+    from engine.kernels.triton.store_kv import store_kv_triton
 
     k_cache, v_cache = case.clone_caches()
     store_kv_triton(case.k, case.v, k_cache, v_cache, case.meta.out_slots)

@@ -1,6 +1,9 @@
-"""Fixtures of the kernel tests: each Triton kernel runs interpreted on CPU
-(TRITON_INTERPRET=1, tiny shapes) and compiled when a GPU is present, against its torch
-reference on fresh random data."""
+"""Fixtures of the kernel tests, laid out as engine/kernels is: triton/ holds one test file per
+Triton kernel (model shapes on a GPU: triton/test_kernels_gpu.py); test_fused_paths.py runs the
+models through the dispatchers. Each Triton kernel runs interpreted on CPU (TRITON_INTERPRET=1,
+tiny shapes) and compiled when a GPU is present, against its torch reference on fresh random
+data. The attention kernels need a child process for the interpreter (tests/attention), the C
+kernels a compiler (tests/cpu_kernels)."""
 
 from __future__ import annotations
 
@@ -13,16 +16,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.kernels import activation, dispatch, norm, rope
+from engine.kernels.triton import activation, launch, norm, rope, store_kv
 
 sys.path.insert(0, str(Path(__file__).parent))  # kernel_cases, for any import mode
-KERNEL_MODULES = (activation, norm, rope)
+KERNEL_MODULES = (activation, norm, rope, store_kv)  # the Triton modules jitted on first use
 
 
 @pytest.fixture(autouse=True)
 def triton_mode(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Interpreted on CPU; each test compiles its kernels afresh for its mode."""
-    if dispatch.triton is None:
+    if not launch.available():
         pytest.skip("triton is not installed")
     if not torch.cuda.is_available():
         monkeypatch.setenv("TRITON_INTERPRET", "1")

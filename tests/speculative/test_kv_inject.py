@@ -9,8 +9,8 @@ import pytest
 import torch
 from spec_helpers import make_drafter, make_scenario, tiny_config
 
-from engine.kernels import kv_inject
 from engine.kernels.kv_inject import inject_layer_kv_torch, inject_layer_kv_triton, rope_neox
+from engine.kernels.triton import kv_inject
 from engine.models.layers import RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(kv_inject.triton is None, reason="triton is not installed")

@@ -6,8 +6,8 @@ forwards with a few query rows per request (decode, and DSpark's verify windows 
 blocks up to `MAX_EXTEND` rows); longer extends (prefill chunks) stay on the torch path,
 whose SDPA tiles many rows better. bf16 and fp32 caches only.
 
-Results agree with `paged_attention_torch` to rounding (fp32 softmax and accumulation in a
-different order; tests/attention/test_cpu_kernel.py).
+Results agree with the torch reference, engine.kernels.attention.paged_attention_torch, to
+rounding (fp32 softmax and accumulation in a different order; tests/attention/test_cpu_kernel.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from engine.attention.metadata import AttentionMetadata
+from engine.kernels.attention_metadata import AttentionMetadata
 from engine.kernels.cpu.build import bind, load
 
 # Longest extend the kernel serves; its tasks hold at most 8 query positions each, and past

@@ -4,7 +4,8 @@ Used for decode (1 row per request) and for any forward whose `max_extend_len * 
 rows fit one small tile: DSpark verify windows (W = gamma + 1 <= 16) and drafter blocks.
 One program owns (request b, kv head, split s): it loads all `extend * G` query rows that
 share the kv head (GQA: the G query heads of a kv head read each key once), walks its
-share of the request's keys through `req_to_token`, and keeps an fp32 online softmax.
+share of the request's keys through `req_to_token`, and keeps an fp32 online softmax
+(online_softmax.attend_tile, as the extend kernel does).
 A second kernel merges the splits by their log-sum-exp (Dao, Haziza, Massa, Sizov,
 "Flash-Decoding for long-context inference", 2023). With one split the first kernel writes
 the output itself.
@@ -14,7 +15,7 @@ b covers `ceil(seq_len_b / S)` keys (rounded to BLOCK_N), so short and long requ
 batch both use all S programs. The number of splits S comes from host bounds only (batch,
 `max_seq_len`, SM count), so the grid is fixed for a CUDA graph of a batch-size bucket.
 
-Reference: engine.attention.torch_backend.paged_attention_torch.
+Reference: engine.kernels.attention.paged_attention_torch.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.attention.metadata import AttentionMetadata
+from engine.kernels.attention_metadata import AttentionMetadata
+from engine.kernels.triton.online_softmax import attend_tile, normalize
 
 LOG2E = math.log2(math.e)
 MAX_SPLITS = 64
@@ -99,40 +101,19 @@ def _split_kv_kernel(
     kv_end = tl.minimum(kv_begin + split_len, seq_len)
     last_key = prefix_len + query_j  # causal: the last key each row may see
 
+    slot_row_ptr = req_to_token_ptr + table_row * stride_r2t
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
     for start in range(kv_begin, kv_end, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        col_valid = cols < kv_end
-        slot = tl.load(req_to_token_ptr + table_row * stride_r2t + cols, mask=col_valid, other=0).to(tl.int64)
-        kv_mask = col_valid[:, None] & dim_valid[None, :]
-        k = tl.load(
-            k_cache_ptr + slot[:, None] * stride_kc_slot + kv_head * stride_kc_h + dims[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale_log2e  # [BLOCK_R, BLOCK_N]
-        visible = col_valid[None, :]
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= last_key[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_cache_ptr + slot[:, None] * stride_vc_slot + kv_head * stride_vc_h + dims[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-        m_i = m_new
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
+            stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, last_key, kv_end,
+            scale_log2e, BLOCK_N, True, CAUSAL, INPUT_PRECISION,
+        )  # fmt: skip
 
-    empty = l_i == 0.0  # an empty split, or a row whose visible keys all lie in other splits
+    o = normalize(acc, l_i)
     if DIRECT_OUT:
-        o = acc / tl.where(empty, 1.0, l_i)[:, None]
         tl.store(
             out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
             o.to(out_ptr.dtype.element_ty),
@@ -140,7 +121,7 @@ def _split_kv_kernel(
         )
     else:
         partial = token * stride_pt + head * stride_ph + split * stride_ps
-        o = acc / tl.where(empty, 1.0, l_i)[:, None]
+        empty = l_i == 0.0  # an empty split, or a row whose visible keys all lie in other splits
         tl.store(
             partial_o_ptr + partial[:, None] * HEAD_DIM + dims[None, :],
             o,

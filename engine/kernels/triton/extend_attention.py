@@ -3,14 +3,14 @@
 One program owns (request b, kv head, block of BLOCK_M query rows). A row is a pair
 (query j, head g) of the G query heads that share the kv head, laid `j * G + g`, so each
 key tile loaded through `req_to_token` serves all G heads (GQA) and a short extend still
-fills the tile. FlashAttention-2 style online softmax in fp32 (Dao, 2023): keys every row
-of the block may see are walked first without masks; the causal diagonal (and the ragged
-end of the request) is walked after, masked.
+fills the tile. FlashAttention-2 style online softmax in fp32 (Dao, 2023; the tile update is
+online_softmax.attend_tile): keys every row of the block may see are walked first without
+masks; the causal diagonal (and the ragged end of the request) is walked after, masked.
 
 The grid is (B, Hkv, cdiv(max_extend_len * G, BLOCK_M)) from host bounds; programs past a
 request's own extend exit at once. Causal blocks are scheduled longest first.
 
-Reference: engine.attention.torch_backend.paged_attention_torch.
+Reference: engine.kernels.attention.paged_attention_torch.
 """
 
 from __future__ import annotations
@@ -21,67 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.attention.metadata import AttentionMetadata
+from engine.kernels.attention_metadata import AttentionMetadata
+from engine.kernels.triton.online_softmax import attend_tile, normalize
 
 LOG2E = math.log2(math.e)
-
-
-@triton.jit
-def _attend_tile(
-    q,
-    acc,
-    m_i,
-    l_i,
-    start,
-    k_cache_ptr,
-    v_cache_ptr,
-    slot_row_ptr,  # req_to_token row of the request
-    kv_head,
-    stride_kc_slot,
-    stride_kc_h,
-    stride_vc_slot,
-    stride_vc_h,
-    dims,
-    dim_valid,
-    last_key,  # [BLOCK_M] causal bound of each row
-    kv_end,
-    scale_log2e,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
-):
-    cols = start + tl.arange(0, BLOCK_N)
-    if MASKED:
-        col_valid = cols < kv_end
-        slot = tl.load(slot_row_ptr + cols, mask=col_valid, other=0).to(tl.int64)
-        kv_mask = col_valid[:, None] & dim_valid[None, :]
-    else:
-        slot = tl.load(slot_row_ptr + cols).to(tl.int64)
-        kv_mask = dim_valid[None, :]
-    k = tl.load(
-        k_cache_ptr + slot[:, None] * stride_kc_slot + kv_head * stride_kc_h + dims[None, :],
-        mask=kv_mask,
-        other=0.0,
-    )
-    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale_log2e  # [BLOCK_M, BLOCK_N]
-    if MASKED:
-        visible = col_valid[None, :]
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= last_key[:, None])
-        s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-    p = tl.exp2(s - m_safe[:, None])
-    alpha = tl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(
-        v_cache_ptr + slot[:, None] * stride_vc_slot + kv_head * stride_vc_h + dims[None, :],
-        mask=kv_mask,
-        other=0.0,
-    )
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-    return acc, m_new, l_i
 
 
 @triton.jit
@@ -154,19 +97,19 @@ def _extend_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for start in range(0, unmasked_end, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(
+        acc, m_i, l_i = attend_tile(
             q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
             stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, last_key, kv_end,
             scale_log2e, BLOCK_N, False, CAUSAL, INPUT_PRECISION,
         )  # fmt: skip
     for start in range(unmasked_end, kv_end, BLOCK_N):
-        acc, m_i, l_i = _attend_tile(
+        acc, m_i, l_i = attend_tile(
             q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
             stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, last_key, kv_end,
             scale_log2e, BLOCK_N, True, CAUSAL, INPUT_PRECISION,
         )  # fmt: skip
 
-    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    o = normalize(acc, l_i)
     tl.store(
         out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
         o.to(out_ptr.dtype.element_ty),

@@ -1,26 +1,17 @@
 """Triton kernel for `engine.sampling.rng.uniform`: the same Philox-4x32-10 words and the
-same float conversion, bit for bit, in one pass (the torch path in rng.py is its reference
-and `tests/sampling/test_rng.py` compares them in the interpreter)."""
+same float conversion, bit for bit, in one pass. Its reference is the torch path of
+engine/sampling/rng.py, which calls it on CUDA tensors; tests/sampling/test_sampling_rng.py
+compares the two in the interpreter. Nothing here imports the sampler."""
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # triton is optional on CPU-only installs
-    triton = None
-    tl = None
+from engine.kernels.triton.launch import available, jit_on_first_use, tl, triton
+
+__all__ = ["available", "uniform"]
 
 _BLOCK = 256  # Philox blocks per program: 1024 output columns
-
-
-def available() -> bool:
-    return triton is not None
 
 
 def _philox_uniform_kernel(
@@ -62,11 +53,7 @@ def _philox_uniform_kernel(
     tl.store(base + 3, ((c3 >> 9).to(tl.float32) + 0.5) * scale, mask=columns + 3 < n_cols)
 
 
-@functools.cache
-def _compiled() -> Any:  # a triton JITFunction, launched as kernel[grid](...)
-    # Wrapped on first use, so TRITON_INTERPRET set by then decides interpreter or GPU.
-    assert triton is not None
-    return triton.jit(_philox_uniform_kernel, do_not_specialize=["stream"])
+_compiled = jit_on_first_use(_philox_uniform_kernel, do_not_specialize=["stream"])
 
 
 def uniform(key: torch.Tensor, counter: torch.Tensor, n: int, stream: int) -> torch.Tensor:

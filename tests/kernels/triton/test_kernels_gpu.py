@@ -11,9 +11,12 @@ import torch
 from kernel_cases import DEVICE, assert_rounded_like, randn
 
 from engine.kernels import add_rms_norm, rms_norm, rotary_embedding, silu_and_mul
-from engine.kernels.activation import silu_and_mul_torch, silu_and_mul_triton
-from engine.kernels.norm import add_rms_norm_torch, add_rms_norm_triton, rms_norm_torch, rms_norm_triton
-from engine.kernels.rope import rotary_embedding_torch, rotary_embedding_triton
+from engine.kernels.activation import silu_and_mul_torch
+from engine.kernels.norm import add_rms_norm_torch, rms_norm_torch
+from engine.kernels.rope import rotary_embedding_torch
+from engine.kernels.triton.activation import silu_and_mul_triton
+from engine.kernels.triton.norm import add_rms_norm_triton, rms_norm_triton
+from engine.kernels.triton.rope import rotary_embedding_triton
 from engine.models.layers import RotaryEmbedding
 
 pytestmark = [

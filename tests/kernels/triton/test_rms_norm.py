@@ -8,7 +8,8 @@ import pytest
 import torch
 from kernel_cases import DEVICE, DTYPES, assert_rounded_like, close, randn
 
-from engine.kernels.norm import add_rms_norm_torch, add_rms_norm_triton, rms_norm_torch, rms_norm_triton
+from engine.kernels.norm import add_rms_norm_torch, rms_norm_torch
+from engine.kernels.triton.norm import add_rms_norm_triton, rms_norm_triton
 
 EPS = 1e-6
 

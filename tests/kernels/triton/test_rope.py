@@ -8,7 +8,8 @@ import torch
 from kernel_cases import DEVICE, DTYPES, assert_rounded_like, randn
 
 from engine.config import RopeScaling
-from engine.kernels.rope import RotaryAngles, rotary_embedding_torch, rotary_embedding_triton
+from engine.kernels.rope import RotaryAngles, rotary_embedding_torch
+from engine.kernels.triton.rope import rotary_embedding_triton
 from engine.models.layers import RotaryEmbedding
 
 MAX_POSITION = 64
