@@ -11,7 +11,7 @@ HAS_GPU := $(shell (command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null
 TORCH_PIN := $(if $(HAS_GPU),torch,torch==2.13.0)
 PYTEST_ARGS ?=
 
-.PHONY: serve test test-all lint typecheck install system-deps clean
+.PHONY: serve test test-isa test-all lint typecheck install system-deps clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,27 @@ TEST_ENV := PATH="$(abspath $(VENV))/bin:$$PATH" RAY_AUTH_MODE=disabled
 
 test: install system-deps
 	$(TEST_ENV) $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The CPU kernels' fallbacks, tested on every run rather than only on CI machines that lack the
+# instructions: the test files that depend on those kernels again, under each instruction-set
+# level below this CPU's own (DSPARK_CPU_ISA, engine/kernels/cpu/isa.py; on an AVX-512 BF16
+# CPU, avx2 and avx512), with oneDNN and ATen capped alike, as on a machine of that level.
+# `make test` covers the CPU's own level. About a minute per level on 2 cores.
+ISA_TESTS := tests/cpu_kernels tests/engine/test_cpu_packed_linear.py tests/engine/test_cpu_decoder_stack.py \
+	tests/attention/test_cpu_kernel.py tests/attention/test_attention_torch.py
+ISA_SELECT := not test_attention_torch or cpu-kernel
+
+test-isa: install
+	@for level in $$($(PY) -c 'from engine.kernels.cpu import isa; print(*isa.levels_below_cpu())'); do \
+	  case $$level in \
+	    avx2) caps="ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2";; \
+	    avx512) caps="ONEDNN_MAX_CPU_ISA=AVX512_CORE ATEN_CPU_CAPABILITY=avx512";; \
+	    *) caps="ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 ATEN_CPU_CAPABILITY=avx512";; \
+	  esac; \
+	  echo "test-isa: DSPARK_CPU_ISA=$$level $$caps"; \
+	  $(TEST_ENV) DSPARK_CPU_ISA=$$level env $$caps $(PY) -m pytest -q $(PYTEST_ARGS) -k "$(ISA_SELECT)" $(ISA_TESTS) \
+	    || exit 1; \
+	done
 
 test-all: install system-deps
 	$(TEST_ENV) $(PY) -m pytest -q -m "" $(PYTEST_ARGS)

@@ -1,7 +1,9 @@
-"""CPU linears with packed weights (engine.kernels.cpu.linear): oneDNN-packed ones compute
-exactly what F.linear computes, the AMX tile kernel computes it to bf16 rounding (its fp32 sum
-runs in another order); packing leaves float32 alone, unties a tied LM head without touching
-the embedding, and serves the same tokens as dense weights."""
+"""CPU linears with packed weights (engine.kernels.cpu.linear): oneDNN-packed ones and the AMX
+tile kernel compute the product to bf16 rounding, as F.linear does (their fp32 sums run in
+other orders, which depend on the ISA oneDNN picks on this CPU, so they need not equal
+F.linear bit for bit); packing leaves float32 alone, unties a tied LM head without touching
+the embedding, and serves the dense engine's tokens up to near ties, with its logprobs to bf16
+rounding."""
 
 from __future__ import annotations
 
@@ -14,13 +16,14 @@ import torch.nn.functional as F
 from engine.config import EngineConfig, SpeculativeConfig
 from engine.core import EngineCore
 from engine.engine_setup import build_engine_parts
-from engine.kernels.activation import silu_and_mul_torch
+from engine.kernels.activation import silu_and_mul
+from engine.kernels.cpu import elementwise as cpu_elementwise
 from engine.kernels.cpu import gemm
 from engine.kernels.cpu import linear as cpu_linear
 from engine.loader.load import load_model
 from engine.sampling_params import SamplingParams
 from tests.engine.conftest import SHORT_PROMPTS, tiny_drafter_or_none
-from tests.engine.engine_driver import run
+from tests.engine.engine_driver import Finished, run
 
 pytestmark = pytest.mark.skipif(
     not cpu_linear.cpu_packing_supported(torch.bfloat16),
@@ -28,10 +31,20 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def _rounding_of(reference: torch.Tensor) -> torch.Tensor:
+    """Half a bf16 step of each value of an fp32 reference, plus the slack an fp32 sum taken in
+    another order can add before rounding."""
+    return reference.abs() * 2.0**-8 + reference.abs().max() * 2.0**-16
+
+
+def _exact(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.double() @ weight.double().T + (0 if bias is None else bias.double())
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows", [1, 5, 16, 37])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_onednn_packed_linear_is_bit_identical_to_f_linear(dtype, rows, with_bias):
+def test_onednn_packed_linear_rounds_the_exact_product(dtype, rows, with_bias):
     if not cpu_linear.cpu_packing_supported(dtype):
         pytest.skip(f"{dtype} packing is not supported here")
     gen = torch.Generator().manual_seed(rows)
@@ -40,21 +53,18 @@ def test_onednn_packed_linear_is_bit_identical_to_f_linear(dtype, rows, with_bia
     x = torch.randn(rows, 80, generator=gen).to(dtype)
     packed = cpu_linear.pack_weight(weight)
     assert packed.is_mkldnn and packed.shape == weight.shape and packed.dtype == dtype
-    assert torch.equal(cpu_linear.linear(x, packed, bias), F.linear(x, weight, bias))
-    # leading dims and a stride-0 view: the rows of the 2-D product (F.linear itself rounds a
-    # 3-D input's bias add separately, so it is not the reference there)
-    batched = x.view(1, rows, 80).expand(2, rows, 80)
-    expected = F.linear(x, weight, bias).expand(2, rows, 96)
-    assert torch.equal(cpu_linear.linear(batched, packed, bias), expected)
+    exact = _exact(x, weight, bias)
+    got = cpu_linear.linear(x, packed, bias)
+    assert got.dtype == dtype and got.shape == (rows, 96)
+    # within a rounding of the exact product (fp16 has 3 more bits: the bf16 bound holds)
+    assert ((got.double() - exact).abs() <= _rounding_of(exact) * 2).all()
+    # leading dims and a stride-0 view: the rows of the 2-D product, to the same rounding
+    batched = cpu_linear.linear(x.view(1, rows, 80).expand(2, rows, 80), packed, bias)
+    assert batched.shape == (2, rows, 96)
+    assert ((batched.double() - exact).abs() <= _rounding_of(exact) * 2).all()
 
 
-needs_amx = pytest.mark.skipif(not gemm.available(), reason="no AMX-BF16 tile kernel on this CPU")
-
-
-def _rounding_of(reference: torch.Tensor) -> torch.Tensor:
-    """Half a bf16 step of each value of an fp32 reference, plus the slack an fp32 sum taken in
-    another order can add before rounding."""
-    return reference.abs() * 2.0**-8 + reference.abs().max() * 2.0**-16
+needs_amx = pytest.mark.skipif(not gemm.available(), reason="no AMX-BF16 tile kernel (this CPU, or DSPARK_CPU_ISA)")
 
 
 @needs_amx
@@ -69,7 +79,7 @@ def test_amx_linear_rounds_the_exact_product(rows, with_bias, shape):
     x = torch.randn(rows, k, generator=gen).bfloat16()
     packed = cpu_linear.pack_weight(weight)
     assert gemm.is_packed(packed) and packed.shape == (n // 32, k // 2, 32, 2)
-    exact = x.double() @ weight.double().T + (0 if bias is None else bias.double())
+    exact = _exact(x, weight, bias)
     got = cpu_linear.linear(x, packed, bias)
     assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
     # within a bf16 rounding of the exact product: what F.linear's fp32 sum also gives
@@ -127,7 +137,7 @@ def test_packing_unties_the_lm_head_and_keeps_logits(tiny_model_dir: Path):
     assert not cpu_linear.is_packed(packed.model.embed_tokens.weight)  # the embedding keeps its table
     assert torch.equal(packed.model.embed_tokens.weight, dense.model.embed_tokens.weight)
     hidden = torch.randn(7, dense.config.hidden_size).to(torch.bfloat16)
-    # bit for bit through oneDNN; to bf16 rounding through the AMX kernel
+    # to bf16 rounding: oneDNN and the AMX kernel sum in other orders than F.linear
     torch.testing.assert_close(packed.compute_logits(hidden), dense.compute_logits(hidden), rtol=2**-7, atol=1e-2)
 
 
@@ -161,9 +171,38 @@ def test_packed_engine_serves_the_dense_engines_tokens(
     params = SamplingParams(max_tokens=24, temperature=0.0, logprobs=2)
     dense = run(_engine(tiny_model_dir, False, monkeypatch, drafter), prompts, params)
     packed = run(_engine(tiny_model_dir, True, monkeypatch, drafter), prompts, params)
-    assert [f.token_ids for f in packed] == [f.token_ids for f in dense]
-    for p, d in zip(packed, dense, strict=True):
-        assert [o.new_logprobs for o in p.outputs] == [o.new_logprobs for o in d.outputs]
+    compared = sum(_same_greedy_run(p, d) for p, d in zip(packed, dense, strict=True))
+    assert compared >= len(prompts)  # at least every first token
+
+
+# Packed and dense weights go through different kernels (oneDNN's packed primitive or the AMX
+# tile kernel, against F.linear), whose fp32 sums run in orders that depend on the ISA picked
+# on this CPU. A bf16 output whose sum lies near a rounding boundary then lands one bf16 step
+# (2^-7 of its magnitude at most) from the dense one. The tiny model's logits stay below 8 in
+# magnitude (about 6.3 on the short prompts), where a step is 2^-5: a logprob (logit -
+# logsumexp) moves by a step of its own logit and one through the logsumexp, and the hidden
+# states' steps, carried through both layers, move the logits by about as much again.
+LOGPROB_TOLERANCE = 4 * 2.0**-5
+
+
+def _same_greedy_run(packed: Finished, dense: Finished) -> int:
+    """Asserts that two greedy runs of one request agree to LOGPROB_TOLERANCE: the k-th best
+    logprob of each position (which moves no more than the logprobs do), and the token while
+    the dense run's best two are farther apart than twice the tolerance. At a nearer tie (the
+    tiny model has exact ones) either token may win, and the runs may go on differently from
+    there. Returns the positions compared."""
+    packed_steps = [lp for o in packed.outputs for lp in o.new_logprobs]
+    dense_steps = [lp for o in dense.outputs for lp in o.new_logprobs]
+    for position, (p, d) in enumerate(zip(packed_steps, dense_steps, strict=False)):
+        # greedy: the token has the best logprob (at an exact tie, not always top[0]'s token)
+        assert len(p.top) == len(d.top) == 2 and p.logprob == p.top[0][1] and d.logprob == d.top[0][1]
+        for (_, got), (_, expected) in zip(p.top, d.top, strict=True):
+            assert abs(got - expected) <= LOGPROB_TOLERANCE, (position, p, d)
+        if p.token_id != d.token_id:
+            assert d.top[0][1] - d.top[1][1] <= 2 * LOGPROB_TOLERANCE, (position, p, d)
+            return position + 1
+    assert packed.token_ids == dense.token_ids
+    return len(dense_steps)
 
 
 @needs_amx
@@ -178,8 +217,9 @@ def test_amx_swiglu_matches_linear_then_silu_and_mul(rows, with_bias):
     gated = cpu_linear.pack_weight(weight, gated=True)
     assert gemm.is_packed_gated(gated) and gated.shape == (inter // 16, k // 2, 2, 16, 2)
     plain = cpu_linear.pack_weight(weight)
-    # the same sums, rounded where the linear, silu and the product round: equal bit for bit
-    expected = silu_and_mul_torch(cpu_linear.linear(x, plain, bias))
+    # the same sums, rounded where the linear, the C kernel's silu (exp_approx, the same
+    # operations in the same order) and the product round: equal bit for bit
+    expected = cpu_elementwise.silu_and_mul(cpu_linear.linear(x, plain, bias))
     assert torch.equal(cpu_linear.linear_swiglu(x, gated, bias), expected)
-    # and every other weight takes the linear, then silu_and_mul
-    assert torch.equal(cpu_linear.linear_swiglu(x, weight, bias), silu_and_mul_torch(F.linear(x, weight, bias)))
+    # and every other weight takes the linear, then the dispatched silu_and_mul
+    assert torch.equal(cpu_linear.linear_swiglu(x, weight, bias), silu_and_mul(F.linear(x, weight, bias)))

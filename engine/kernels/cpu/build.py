@@ -1,12 +1,12 @@
 """Compile the C kernels of this folder at first use and load them with ctypes.
 
 Each `<name>.c` becomes one shared library, built with the system C compiler (`$CC`, else
-`cc`) for this CPU (`-march=native`) with OpenMP, and cached under
-`$DSPARK_CACHE_DIR/cpu-kernels` (default `~/.cache/dspark-serve`), keyed by a hash of the
-sources, the flags, the compiler and the CPU's flags, so a change to any of them builds
-again. Only CPU processes build them (Triton needs a C compiler at run time anyway, for its
-launchers); a CPU install without a compiler falls back to the torch path (`load` returns
-None and says why, once).
+`cc`) for this CPU (`-march=native`), or for the lower level `DSPARK_CPU_ISA` caps it at
+(isa.py), with OpenMP, and cached under `$DSPARK_CACHE_DIR/cpu-kernels` (default
+`~/.cache/dspark-serve`), keyed by a hash of the sources, the flags, the level, the compiler
+and the CPU's flags, so a change to any of them builds again. Only CPU processes build them
+(Triton needs a C compiler at run time anyway, for its launchers); a CPU install without a
+compiler falls back to the torch path (`load` returns None and says why, once).
 
 The library links OpenMP by its soname, libgomp.so.1; torch has loaded its own copy by that
 name already, so the kernels share torch's thread pool instead of starting a second one.
@@ -21,7 +21,6 @@ import functools
 import hashlib
 import logging
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
@@ -29,15 +28,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine.kernels.cpu import isa
+
 logger = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).resolve().parent
 # No -ffast-math: masked scores are -inf, which finite-math-only would be free to break.
-# Reassociation alone lets the compiler vectorise the dot products and sums.
+# Reassociation alone lets the compiler vectorise the dot products and sums. The target flags
+# (-march, vector width) come from isa.target().
 CFLAGS = (
-    "-O3", "-march=native", "-fPIC", "-shared", "-fopenmp", "-std=c11",
+    "-O3", "-fPIC", "-shared", "-fopenmp", "-std=c11",
     "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
-) + (("-mprefer-vector-width=512",) if platform.machine() in ("x86_64", "AMD64") else ())  # fmt: skip
+)  # fmt: skip
 
 
 def enabled(name: str) -> bool:
@@ -58,36 +60,31 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
 
 
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return ""
+def _flags(target: isa.Target) -> tuple[str, ...]:
+    return (*CFLAGS, *target.compile_flags())
 
 
-def _library_path(name: str, compiler: str) -> Path:
-    sources = sorted(SOURCE_DIR.glob("*.[ch]"))
+def _library_path(name: str, compiler: str, target: isa.Target) -> Path:
     digest = hashlib.sha256()
-    for part in (*CFLAGS, compiler, _cpu_flags()):
+    cpu = isa.cpu_flags() or frozenset()
+    for part in (*_flags(target), f"level={target.level}", compiler, " ".join(sorted(cpu))):
         digest.update(part.encode())
-    for source in sources:
+    for source in sorted(SOURCE_DIR.glob("*.[ch]")):
         digest.update(source.name.encode())
         digest.update(source.read_bytes())
     return cache_dir() / f"{name}-{digest.hexdigest()[:16]}.so"
 
 
-def _build(name: str, compiler: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        partial = Path(tmp) / target.name
-        command = [compiler, *CFLAGS, "-I", str(SOURCE_DIR), str(SOURCE_DIR / f"{name}.c"), "-o", str(partial), "-lm"]
+def _build(name: str, compiler: str, target: isa.Target, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        partial = Path(tmp) / path.name
+        source = str(SOURCE_DIR / f"{name}.c")
+        command = [compiler, *_flags(target), "-I", str(SOURCE_DIR), source, "-o", str(partial), "-lm"]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise OSError(f"{' '.join(command)} failed:\n{result.stderr.strip()}")
-        os.replace(partial, target)  # atomic: a concurrent builder sees a whole library or none
+        os.replace(partial, path)  # atomic: a concurrent builder sees a whole library or none
 
 
 @functools.cache
@@ -100,11 +97,12 @@ def load(name: str) -> ctypes.CDLL | None:
     if compiler is None:
         logger.warning("no C compiler found ($CC, cc, gcc): CPU kernels %s fall back to torch", name)
         return None
-    target = _library_path(name, compiler)
+    target = isa.target()
+    path = _library_path(name, compiler, target)
     try:
-        if not target.exists():
-            _build(name, compiler, target)
-        return ctypes.CDLL(str(target))
+        if not path.exists():
+            _build(name, compiler, target, path)
+        return ctypes.CDLL(str(path))
     except OSError as exc:
         logger.warning("CPU kernels %s fall back to torch: %s", name, exc)
         return None

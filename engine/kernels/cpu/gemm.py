@@ -3,8 +3,9 @@
 `pack(weight)` turns a dense [N, K] bf16 weight into the tile layout, a plain bf16 tensor of
 shape [N / 32, K / 2, 32, 2] (panels of 32 output columns, pair-interleaved along K), so the
 shape alone says what it holds; `linear(x, packed, bias)` multiplies by it. `supports(weight)`
-says whether a weight can take this path: the library is built for a CPU with AMX-BF16, Linux
-granted the tile registers, the weight is CPU bf16 and both of its dims are multiples of 32.
+says whether a weight can take this path: the library is built for a CPU with AMX-BF16 (and
+`DSPARK_CPU_ISA` does not cap it below `amx`, isa.py), Linux granted the tile registers, the
+weight is CPU bf16 and both of its dims are multiples of 32.
 
 A SwiGLU gate/up weight [gate | up] ([2I, K]) can be packed gated instead (`pack_gated`):
 each panel holds 16 gate columns and their 16 up columns, shape [I / 16, K / 2, 2, 16, 2], and
@@ -21,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 
+from engine.kernels.cpu import isa
 from engine.kernels.cpu.build import bind, load
 
 PANEL = 32  # output columns per panel (gemm.c)
@@ -32,6 +34,8 @@ _P, _I, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 @functools.cache
 def _functions() -> dict[str, Callable[..., int]] | None:
+    if not isa.target().allows("amx"):
+        return None  # capped below AMX (isa.py): the tile kernels stay off
     library = load("gemm")
     if library is None or not bind(library, "amx_supported", [], _N)():
         return None
