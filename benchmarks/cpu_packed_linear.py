@@ -33,8 +33,8 @@ from engine.config import EngineConfig, SpeculativeConfig  # noqa: E402
 from engine.core import EngineCore  # noqa: E402
 from engine.kernels.cpu.linear import cpu_packing_supported, linear, pack_weight  # noqa: E402
 from engine.loader.load import load_model  # noqa: E402
+from engine.loader.resolve import shipped_drafter  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-from engine.speculative.setup import shipped_drafter  # noqa: E402
 
 # SmolLM2-135M: hidden 576, 9 q / 3 kv heads of 64, MLP 1536, 30 layers, vocab 49152.
 LAYER_SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]

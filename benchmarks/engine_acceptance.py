@@ -28,8 +28,8 @@ from engine.config import EngineConfig, SpeculativeConfig  # noqa: E402
 from engine.core import EngineCore  # noqa: E402
 from engine.engine_setup import build_engine_parts  # noqa: E402
 from engine.loader.load import load_model  # noqa: E402
+from engine.loader.resolve import shipped_drafter  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
-from engine.speculative.setup import shipped_drafter  # noqa: E402
 from training.data import ChatTokenizer  # noqa: E402
 from training.generate import GenerationPlan, plan_jobs  # noqa: E402
 from training.prompts import build_prompt_set  # noqa: E402

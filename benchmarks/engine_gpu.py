@@ -8,7 +8,8 @@ speed does not depend on weight values).
   memory floor (weight bytes + KV bytes read per step, over the measured copy bandwidth).
 - prefill: one 4k-token prompt, FLOP/s as a fraction of the measured matmul rate.
 - hf: transformers `generate` on the same shapes and batches (the peer).
-- dspark: tokens/s against a forced DSpark accept length (simulation knob) at batch 1/16/64.
+- dspark: tokens/s against a forced DSpark accept length (`simulated_acceptance`, passed to
+  the runner as its accept rule) at batch 1/16/64.
 - expansion: prefill expansion with vs without `repeat_interleave(output_size=...)` under a
   burst of concurrent prompts: TTFT and host time per launch.
 
@@ -34,11 +35,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.config import EngineConfig, ModelConfig, RopeScaling, SpeculativeConfig  # noqa: E402
 from engine.core import EngineCore  # noqa: E402
-from engine.engine_setup import build_engine_parts  # noqa: E402
+from engine.engine_setup import EngineParts, build_engine_parts  # noqa: E402
 from engine.loader.load import LoadedModel, build_model  # noqa: E402
 from engine.loader.resolve import ModelSource  # noqa: E402
 from engine.loader.tokenizer import Tokenizer  # noqa: E402
+from engine.runner.options import AcceptRule, RunnerOptions  # noqa: E402
+from engine.runner.step_output import PendingStep  # noqa: E402
+from engine.sampling.rng import uniform  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
+from engine.scheduler import ScheduledStep  # noqa: E402
+
+# Counter-based stream of the simulated acceptance's coin flips.
+_SIMULATE_STREAM = 0x5D_AC_03
 
 LLAMA3_8B = ModelConfig(
     architecture="llama",
@@ -85,10 +93,45 @@ def random_model(config: ModelConfig, dtype: torch.dtype) -> torch.nn.Module:
     return model
 
 
-def engine_for(loaded: LoadedModel, **options: Any) -> EngineCore:
+def engine_for(
+    loaded: LoadedModel,
+    runner_options: RunnerOptions | None = None,
+    engine_class: type[EngineCore] = EngineCore,
+    **options: Any,
+) -> EngineCore:
     options.setdefault("max_model_len", 4096)
     config = EngineConfig(model="random", device="cuda", dtype="bfloat16", **options)
-    return EngineCore(config, parts=build_engine_parts(config, loaded=loaded))
+    return engine_class(config, parts=build_engine_parts(config, loaded=loaded, runner_options=runner_options))
+
+
+def simulated_acceptance(mean: float, window: int) -> AcceptRule:
+    """Commit a forced number of tokens per verify (mean `mean`, in [1, window]), taking the
+    drafts as if accepted. Output text is meaningless; speed is real."""
+    whole = int(mean)
+
+    def accept(drafts: torch.Tensor, keys: torch.Tensor, counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        coin = uniform(keys, counter, 1, _SIMULATE_STREAM)[:, 0]  # [B]
+        accept_len = (whole + (coin < mean - whole).to(torch.int32)).clamp(1, window).to(torch.int32)
+        cols = torch.arange(window, device=drafts.device)
+        padded = torch.cat((drafts, drafts[:, -1:]), dim=1)  # [B, W]
+        forced = torch.where(cols < accept_len[:, None].long(), padded, torch.full_like(padded, -1))
+        return forced, accept_len
+
+    return accept
+
+
+class LaunchTimedEngine(EngineCore):
+    """Records the host time of every launch (`launch_times`, seconds)."""
+
+    def __init__(self, config: EngineConfig, *, parts: EngineParts) -> None:
+        super().__init__(config, parts=parts)
+        self.launch_times: list[float] = []
+
+    def _launch(self, step: ScheduledStep) -> PendingStep:
+        start = time.perf_counter()
+        pending = super()._launch(step)
+        self.launch_times.append(time.perf_counter() - start)
+        return pending
 
 
 def timed(fn: Any) -> float:
@@ -242,8 +285,9 @@ def dspark(loaded: LoadedModel, batches: list[int], accept_lens: list[float]) ->
     rows = []
     for batch in batches:
         for accept in accept_lens:
-            spec = SpeculativeConfig(drafter=str(tmp), simulate_accept_len=accept)
-            engine = engine_for(loaded, max_num_seqs=batch, kv_cache_memory_bytes=24 << 30, speculative=spec)
+            spec = SpeculativeConfig(drafter=str(tmp))
+            forced = RunnerOptions(accept_rule=simulated_acceptance(accept, drafter_config.window))
+            engine = engine_for(loaded, forced, max_num_seqs=batch, kv_cache_memory_bytes=24 << 30, speculative=spec)
             step_s, _ = _decode_rate(engine, batch, 512, 24, tokens_per_step=drafter_config.window)
             rows.append(
                 {"batch": batch, "accept_len": accept, "step_ms": step_s * 1e3, "tokens_per_s": batch * accept / step_s}
@@ -258,19 +302,15 @@ def expansion(loaded: LoadedModel, num_requests: int = 128) -> list[dict[str, An
     rows = []
     for host_sized in (True, False):
         engine = engine_for(
-            loaded, max_num_seqs=num_requests, max_num_batched_tokens=8192, kv_cache_memory_bytes=32 << 30
+            loaded,
+            RunnerOptions(host_sized_expansion=host_sized),
+            LaunchTimedEngine,
+            max_num_seqs=num_requests,
+            max_num_batched_tokens=8192,
+            kv_cache_memory_bytes=32 << 30,
         )
-        engine.runner.host_sized_expansion = host_sized
-        launch_times: list[float] = []
-        launch = engine.runner.launch
-
-        def timed_launch(step: Any, _launch: Any = launch, times: list[float] = launch_times) -> Any:
-            start = time.perf_counter()
-            out = _launch(step)
-            times.append(time.perf_counter() - start)
-            return out
-
-        engine.runner.launch = timed_launch  # type: ignore[method-assign]
+        assert isinstance(engine, LaunchTimedEngine)
+        launch_times = engine.launch_times
         gen = torch.Generator().manual_seed(7)
         for round_ in range(2):  # the first round warms up kernels
             launch_times.clear()

@@ -1,15 +1,15 @@
 """Frozen configuration objects that cross module boundaries.
 
 `ModelConfig` describes a Llama-family decoder (filled by the loaders from a Hugging Face
-config.json or GGUF metadata). `EngineConfig` is what a user chooses; `EngineConfig.resolve`
-fills the "auto" fields for the machine it runs on.
+config.json or GGUF metadata). `EngineConfig` is what a user chooses; its "auto" fields are
+settled for the machine it runs on when the engine is built (engine/engine_setup.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 RopeKind = Literal["default", "linear", "dynamic", "llama3", "yarn"]
@@ -95,12 +95,11 @@ AttentionBackendName = Literal["auto", "torch", "triton"]
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """DSpark speculative decoding. `drafter` is a checkpoint directory, or None for the
-    drafter that ships with the model (see engine.speculative.registry)."""
+    drafter that ships with the model (engine.loader.resolve.shipped_drafter)."""
 
     method: Literal["dspark"] = "dspark"
     drafter: str | None = None
     gamma: int | None = None  # None: the drafter's own block size
-    simulate_accept_len: float | None = None  # benchmarking only: force the accept length
     # Decode steps of more requests than this take one token per request without drafting
     # (a verify window costs more than it returns when the batch alone fills the device);
     # the drafter's KV still follows every committed token. None: always draft.
@@ -132,7 +131,6 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     cuda_graphs: bool = True
     speculative: SpeculativeConfig | None = None
-    extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

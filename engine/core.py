@@ -1,8 +1,11 @@
-"""EngineCore: one `step()` = schedule, launch, then process the previous step's outputs.
+"""EngineCore: one `step()` = schedule, launch, then finish the previous step.
 
-The order is the sync-free loop of DESIGN.md §4: step N is launched before the host waits
-for step N-1's output copy, so the device never idles while the host detokenises, checks
-stop conditions and schedules. The offline `LLM` and the Ray workers drive this same loop.
+The core orchestrates and owns no one's state: the scheduler decides and keeps the request
+bookkeeping (`Scheduler.update_from_output`), the runner launches, the output processor turns
+tokens into deltas. Step N is launched before the host waits for step N-1's output copy
+(the one-step lag of engine/scheduler.py), so the device never idles while the host
+detokenises, checks stop conditions and schedules. The offline `LLM` and the Ray workers
+drive this same loop.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ from dataclasses import dataclass
 from engine.config import EngineConfig
 from engine.engine_setup import EngineParts, build_engine_parts
 from engine.handoff import KVHandoff
+from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
-from engine.request import Request, RequestStatus
-from engine.request_output import OutputProcessor
+from engine.request import Request
 from engine.runner.step_output import PendingStep
 from engine.sampling.rng import request_key
 from engine.sampling_params import SamplingParams
@@ -211,18 +214,18 @@ class EngineCore:
         outputs = self._apply_aborts()
         self._admit_handoffs()
         step = self.scheduler.schedule()
-        pending = None
+        launched = None
         if step is not None:
-            for req in step.requests:
-                if req.first_scheduled_s is None:
-                    req.first_scheduled_s = time.perf_counter()
             self._admit_new_rows(step)
-            pending = self.runner.launch(step)
+            launched = (step, self._launch(step))
             self.steps_total += 1
         if self._inflight is not None:
-            outputs.extend(self._process(*self._inflight))
-        self._inflight = (step, pending) if step is not None and pending is not None else None
+            outputs.extend(self._finish_step(*self._inflight))
+        self._inflight = launched
         return outputs
+
+    def _launch(self, step: ScheduledStep) -> PendingStep:
+        return self.runner.launch(step)
 
     def _admit_new_rows(self, step: ScheduledStep) -> None:
         if step.kind != "prefill":
@@ -232,37 +235,21 @@ class EngineCore:
                 self.runner.admit(chunk.req)
                 self.prompt_tokens_total += len(chunk.req.fill_ids) - chunk.req.num_cached
 
-    def _process(self, step: ScheduledStep, pending: PendingStep) -> list[RequestOutput]:
+    def _finish_step(self, step: ScheduledStep, pending: PendingStep) -> list[RequestOutput]:
+        """Wait for the step's outputs, let the scheduler account for them, publish the new
+        tokens and release the requests they finished."""
         with self._permit_wait():
             result = pending.wait()
         outputs: list[RequestOutput] = []
-        for i, req in enumerate(step.requests):
-            if req.is_finished or req.epoch != step.epochs[i]:
-                continue
-            if step.kind == "prefill" and not step.chunks[i].samples:
-                continue
-            req.inflight_steps -= 1
-            req.kv_len = int(result.kv_len[i])
-            req.kv_ub = req.kv_len + req.inflight_steps * self.scheduler.step_width
-            if result.draft_len is not None and step.kind == "decode":
-                self._record_spec(req, int(result.draft_len[i]), int(result.accept_len[i]))
-            elif step.kind == "decode" and self.runner.spec is not None:
-                self.runner.spec_stats.record_undrafted()
-            n = int(result.accept_len[i])
+        for req, row, num_tokens in self.scheduler.update_from_output(step, result):
             before = len(req.output_ids)
-            out = self._outputs.append_tokens(req, result, i, n)
+            out = self._outputs.append_tokens(req, result, row, num_tokens)
             self.generation_tokens_total += len(req.output_ids) - before
             if req.is_finished:
                 self._release(req)
             if out is not None:
                 outputs.append(out)
         return outputs
-
-    def _record_spec(self, req: Request, drafted: int, committed: int) -> None:
-        req.verify_steps += 1
-        req.draft_tokens += drafted
-        req.accepted_tokens += committed - 1
-        self.runner.spec_stats.record(committed)
 
     def _apply_aborts(self) -> list[RequestOutput]:
         outputs = []
@@ -278,19 +265,14 @@ class EngineCore:
         return outputs
 
     def _release(self, req: Request) -> None:
-        """Free everything a finished request holds. Safe while a launched step still uses
-        its slots: device work runs in launch order, before any later owner's writes."""
-        req.status = RequestStatus.FINISHED
-        req.finished_s = req.finished_s or time.perf_counter()
-        self.scheduler.remove(req)
-        self.kv.release(req, req.all_ids, req.kv_len)
+        self.scheduler.release(req)
         self.requests.pop(req.request_id, None)
 
     # -- introspection --------------------------------------------------------------------
 
     def stats(self) -> EngineStats:
         usage = self.kv.usage()
-        spec = self.runner.spec_stats
+        spec = self.scheduler.spec_counters
         return EngineStats(
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,

@@ -17,7 +17,8 @@ from engine.loader.load import LoadedModel, load_model
 from engine.loader.tokenizer import Tokenizer
 from engine.models.context import CausalLM
 from engine.runner.model_runner import ModelRunner
-from engine.scheduler import Scheduler
+from engine.runner.options import RunnerOptions
+from engine.scheduler import Scheduler, kv_reserve
 from engine.speculative.setup import SpecSetup, build_spec
 
 _CPU_KV_CAP_BYTES = 2 << 30
@@ -74,8 +75,11 @@ def _kv_budget_bytes(config: EngineConfig, device: torch.device) -> int:
     return min(_CPU_KV_CAP_BYTES, ram // 8)
 
 
-def build_engine_parts(config: EngineConfig, loaded: LoadedModel | None = None) -> EngineParts:
-    """`loaded` reuses weights already in memory (several engines over one model)."""
+def build_engine_parts(
+    config: EngineConfig, loaded: LoadedModel | None = None, *, runner_options: RunnerOptions | None = None
+) -> EngineParts:
+    """`loaded` reuses weights already in memory (several engines over one model);
+    `runner_options` are a benchmark's or a test's alternatives (engine/runner/options.py)."""
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     if loaded is None:
@@ -98,7 +102,7 @@ def build_engine_parts(config: EngineConfig, loaded: LoadedModel | None = None) 
         pack_module_weights(spec.drafter, dtype)
     step_width = spec.window if spec else 1
     page_size = config.page_size or (1 if device.type == "cpu" else 16)
-    max_context = -(-(max_model_len + 2 * step_width) // page_size) * page_size + page_size
+    max_context = -(-kv_reserve(max_model_len, step_width) // page_size) * page_size + page_size
 
     bytes_per_slot = KVPool.bytes_per_slot(mc.num_layers, local_kv_heads, mc.head_dim, dtype)
     if spec is not None:
@@ -119,6 +123,7 @@ def build_engine_parts(config: EngineConfig, loaded: LoadedModel | None = None) 
         chunked_prefill=config.chunked_prefill,
         max_model_len=max_model_len,
         step_width=step_width,
+        spec_gamma=spec.gamma if spec else None,
     )
     runner = ModelRunner(
         target,
@@ -134,6 +139,7 @@ def build_engine_parts(config: EngineConfig, loaded: LoadedModel | None = None) 
         req_to_token=kv.table.device_table,
         req_to_token_host=kv.table.host,
         spec=spec,
+        options=runner_options,
     )
     if config.cuda_graphs and device.type == "cuda":
         runner.capture_graphs(config.max_num_seqs, max_context, kv.table.padding_row)

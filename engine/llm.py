@@ -4,7 +4,7 @@ streaming iterator. Drives the same `EngineCore.step()` as the serving workers."
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from engine.config import EngineConfig, SpeculativeConfig
@@ -13,7 +13,7 @@ from engine.outputs import Completion, RequestOutput, TokenLogprob
 from engine.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int]
-Message = dict[str, Any]
+Message = Mapping[str, object]  # {"role": ..., "content": ...}
 
 
 def speculative_config(speculative: str | SpeculativeConfig | None) -> SpeculativeConfig | None:

@@ -5,20 +5,40 @@ a request samples its next token) or a decode step (every decoding request advan
 token, or by one DSpark draft+verify block). When both kinds of work are pending they take
 turns, so a long prompt delays running requests by at most one chunk.
 
-The scheduler works on host state that lags the device by one step (DESIGN.md §4): it
-knows exactly what it scheduled, and what came out of every step but the one in flight.
-Tokens per decode step are at most `step_width` (1, or W = gamma + 1 with DSpark), so a
-request's KV length is bounded by `kv_len + inflight_steps * step_width`.
+The one-step lag (DESIGN.md §4), stated here once: step N is launched before the host has
+seen step N-1's outputs, so the scheduler works on host state that lags the device by one
+step. It knows exactly what it scheduled, and what came out of every step but the one in
+flight. Tokens per decode step are at most `step_width` (1, or W = gamma + 1 with DSpark), so
+a request's KV length is bounded by `kv_ub = kv_len + inflight_steps * step_width`; the
+scheduler raises the bound when it schedules a step and `update_from_output` brings it back
+to the exact length when the step's outputs arrive. Hence `kv_reserve`: a request that
+reaches the scheduler holds slots for its committed KV plus two windows, the step in flight
+and the one being scheduled.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from engine.kv.manager import KVManager
 from engine.request import Request, RequestStatus
+from engine.runner.step_output import StepResult
+from engine.speculative.stats import SpecCounters
+
+_LAG_WINDOWS = 2  # the step in flight and the one being scheduled
+
+
+def kv_reserve(kv_len: int, step_width: int) -> int:
+    """Positions a request with `kv_len` committed positions must hold slots for."""
+    return kv_len + _LAG_WINDOWS * step_width
+
+
+def longest_kv_within(context: int, step_width: int) -> int:
+    """The longest committed KV whose `kv_reserve` fits in `context` positions."""
+    return context - _LAG_WINDOWS * step_width
 
 
 @dataclass(frozen=True)
@@ -42,6 +62,14 @@ class ScheduledStep:
         return [c.req for c in self.chunks] if self.kind == "prefill" else self.decode
 
 
+class CommittedRow(NamedTuple):
+    """A row of a step's outputs whose tokens go to its request."""
+
+    req: Request
+    row: int  # row of the step's StepResult
+    num_tokens: int  # tokens the row committed (StepResult.accept_len[row])
+
+
 class Scheduler:
     def __init__(
         self,
@@ -52,7 +80,9 @@ class Scheduler:
         chunked_prefill: bool,
         max_model_len: int,
         step_width: int,
+        spec_gamma: int | None = None,
     ) -> None:
+        """`spec_gamma`: DSpark's drafts per verify (then step_width = gamma + 1); None: off."""
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.token_budget = max_num_batched_tokens
@@ -64,6 +94,8 @@ class Scheduler:
         self.decoding: list[Request] = []
         self._last_kind: str = "decode"
         self.num_preemptions = 0
+        self.speculative = spec_gamma is not None
+        self.spec_counters = SpecCounters(spec_gamma or 0)
 
     # -- queue management -------------------------------------------------------------
 
@@ -88,9 +120,26 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefilling or self.decoding)
 
+    def release(self, req: Request) -> None:
+        """Finish `req` and free everything it holds. Safe while a launched step still uses
+        its slots: device work runs in launch order, before any later owner's writes."""
+        req.status = RequestStatus.FINISHED
+        req.finished_s = req.finished_s or time.perf_counter()
+        self.remove(req)
+        self.kv.release(req, req.all_ids, req.kv_len)
+
     # -- the decision -----------------------------------------------------------------
 
     def schedule(self) -> ScheduledStep | None:
+        step = self._choose()
+        if step is not None:
+            now = time.perf_counter()
+            for req in step.requests:
+                if req.first_scheduled_s is None:
+                    req.first_scheduled_s = now
+        return step
+
+    def _choose(self) -> ScheduledStep | None:
         decodable = [r for r in self.decoding if self._wants_decode(r)]
         prefill_pending = bool(self.prefilling or self.waiting)
         prefer_prefill = prefill_pending and (not decodable or self._last_kind == "decode")
@@ -129,8 +178,7 @@ class Scheduler:
         for req in list(self.decoding):
             if req.status is not RequestStatus.DECODING or not self._wants_decode(req):
                 continue
-            # Positions this step may write: [kv_ub, kv_ub + W). DSpark reserves one more
-            # window so the host, one step behind, never under-allocates (DESIGN.md §3).
+            # Positions this step may write: [kv_ub, kv_ub + W) (DESIGN.md §3).
             need = self._kv_upper_bound(req) + self.step_width
             while not self.kv.reserve(req, need):
                 victim = self._youngest_decoding(exclude=chosen)
@@ -203,8 +251,7 @@ class Scheduler:
 
     def _admit(self, req: Request) -> bool:
         fill = req.all_ids
-        # Slots for the fill plus the first decode step's writes.
-        reserve_to = len(fill) + 2 * self.step_width
+        reserve_to = kv_reserve(len(fill), self.step_width)
         if not self.kv.can_admit(reserve_to) or not self.kv.admit(req, fill, reserve_to):
             return False
         req.fill_ids = fill
@@ -236,7 +283,7 @@ class Scheduler:
         if self.num_running >= self.max_num_seqs:
             return None
         fill = req.all_ids
-        reserve_to = kv_len + 2 * self.step_width
+        reserve_to = kv_reserve(kv_len, self.step_width)
         if not self.kv.can_admit(reserve_to) or not self.kv.admit(req, fill, reserve_to):
             return None
         req.kv_len = req.kv_ub = kv_len
@@ -251,3 +298,32 @@ class Scheduler:
             self.prefilling.remove(req)
             req.status = RequestStatus.DECODING
             self.decoding.append(req)
+
+    # -- after a step -----------------------------------------------------------------
+
+    def update_from_output(self, step: ScheduledStep, result: StepResult) -> list[CommittedRow]:
+        """Bring each request of `step` up to date with the step's outputs: the step is no
+        longer in flight, the KV length is exact again, and DSpark's counters count the
+        verify. Returns the rows whose tokens go to their requests; rows of requests that
+        finished or were preempted since the launch, and of prefill chunks that did not
+        sample, are skipped."""
+        committed: list[CommittedRow] = []
+        for i, req in enumerate(step.requests):
+            if req.is_finished or req.epoch != step.epochs[i]:
+                continue
+            if step.kind == "prefill" and not step.chunks[i].samples:
+                continue
+            count = int(result.accept_len[i])
+            req.inflight_steps -= 1
+            req.kv_len = int(result.kv_len[i])
+            req.kv_ub = req.kv_len + req.inflight_steps * self.step_width
+            if step.kind == "decode" and result.draft_len is not None:
+                drafted = int(result.draft_len[i])
+                req.verify_steps += 1
+                req.draft_tokens += drafted
+                req.accepted_tokens += count - 1
+                self.spec_counters.record(count)
+            elif step.kind == "decode" and self.speculative:
+                self.spec_counters.record_undrafted()
+            committed.append(CommittedRow(req, i, count))
+        return committed

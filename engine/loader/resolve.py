@@ -1,5 +1,6 @@
 """Where a model comes from: an alias, a Hugging Face directory, a GGUF file, or a Hugging
-Face repo id already in the local cache. Nothing is downloaded."""
+Face repo id already in the local cache; and the assets the package ships for an alias (its
+DSpark drafter, engine/assets/drafters/<alias>/). Nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 GGUF_MAGIC = b"GGUF"
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 
 
 class ModelNotFoundError(ValueError):
@@ -64,6 +66,15 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> ModelSource:
         f"directory (looked at {path.resolve()}), and not a Hugging Face repo id in the local cache "
         "(models are never downloaded)"
     )
+
+
+def shipped_drafter(name: str) -> Path | None:
+    """The DSpark drafter directory shipped for the model alias `name`, if there is one."""
+    alias = name.lower()
+    if alias not in ALIASES:
+        return None
+    path = ASSETS_DIR / "drafters" / alias
+    return path if (path / "drafter.json").is_file() else None
 
 
 def _resolve_alias(name: str, alias: _Alias) -> ModelSource:

@@ -27,7 +27,6 @@ from engine.kernels.rope import RotaryAngles
 from engine.models.context import ForwardContext
 from engine.models.layers import RMSNorm, RotaryEmbedding
 from engine.models.registry import register_model
-from engine.runner.cpu_decoder_stack import CpuDecoderStack
 
 
 class LlamaAttention(nn.Module):
@@ -115,16 +114,11 @@ class LlamaModel(nn.Module):
             config.rope_theta,
             config.rope_scaling,
         )
-        layers = [LlamaDecoderLayer(config, layer_id) for layer_id in range(config.num_layers)]
-        self.layers = nn.ModuleList(layers)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, layer_id) for layer_id in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.cpu_stack = CpuDecoderStack(layers, config)  # the layers in one C call, where it serves
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         rope = self.rotary_emb.at(positions)
-        if self.cpu_stack.serves(hidden, ctx):
-            hidden, stream = self.cpu_stack(rope, hidden, ctx)
-            return self.norm.add_and_norm(hidden, stream)[0]
         captured: dict[int, torch.Tensor] = {}
         residual: torch.Tensor | None = None
         for layer_id, layer in enumerate(self.layers):

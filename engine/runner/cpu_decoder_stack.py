@@ -11,6 +11,9 @@ tile kernel (SwiGLU's gate/up packed gated), no biases or q/k-norm, one tensor-p
 the attention backend's C kernel built and serving the forward (a few rows per request), and
 contiguous bf16 caches. Anything else takes the layers' Python forward, as does every forward
 on another device.
+
+The runner decides: `with_cpu_decoder_stack` wraps a CPU target whose weights the stack can
+run, and the wrapper sends each forward the stack serves to it; the model knows nothing of it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import cast
 
 import torch
 
@@ -28,10 +31,8 @@ from engine.kernels.cpu import gemm
 from engine.kernels.cpu.attention import MAX_EXTEND
 from engine.kernels.cpu.build import load
 from engine.kernels.rope import RotaryAngles
-from engine.models.context import ForwardContext
-
-if TYPE_CHECKING:
-    from engine.models.llama import LlamaDecoderLayer
+from engine.models.context import CausalLM, ForwardContext
+from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
 _P, _I, _F, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 
@@ -158,6 +159,10 @@ class CpuDecoderStack:
         ctx.captured.extend(captured[layer_id] for layer_id in ctx.capture_layers)
         return hidden, residual
 
+    def runs_weights(self) -> bool:
+        """Whether every layer's weights are in the form the C stack takes (see _collect_weights)."""
+        return self._packed_weights() is not None
+
     def _packed_weights(self) -> list[tuple[torch.Tensor, ...]] | None:
         """Per layer (input norm, qkv, o, gate_up, down, post norm) when every layer qualifies."""
         first = self.decoder_layers[0].self_attn.qkv_proj.weight
@@ -197,3 +202,36 @@ class CpuDecoderStack:
                 )  # fmt: skip
             self._layers, self._caches_key = layers, key
         return self._layers
+
+
+class CpuStackedLM:
+    """A Llama target whose forwards run in one C call where the stack serves them; every other
+    forward is the model's own. The same operations in the same order either way, so tokens
+    and logprobs are those of the model alone (tests/engine/test_cpu_decoder_stack.py)."""
+
+    def __init__(self, model: LlamaForCausalLM, stack: CpuDecoderStack) -> None:
+        self.model = model
+        self.stack = stack
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        hidden = self.model.embed(input_ids)  # [T, H]
+        if not self.stack.serves(hidden, ctx):
+            return self.model(input_ids, positions, ctx, input_embeds=hidden)
+        decoder = self.model.model
+        hidden, stream = self.stack(decoder.rotary_emb.at(positions), hidden, ctx)
+        return decoder.norm.add_and_norm(hidden, stream)[0]  # [T, H], final norm applied
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed(input_ids)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden)
+
+
+def with_cpu_decoder_stack(model: CausalLM) -> CausalLM:
+    """A CPU target behind the one-call stack when it is a Llama whose every layer's weights
+    the stack can run (packed bf16, one rank); else `model` itself."""
+    if not isinstance(model, LlamaForCausalLM):
+        return model
+    stack = CpuDecoderStack([cast(LlamaDecoderLayer, layer) for layer in model.model.layers], model.config)
+    return CpuStackedLM(model, stack) if stack.runs_weights() else model

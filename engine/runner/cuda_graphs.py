@@ -18,8 +18,9 @@ import numpy as np
 import torch
 
 from engine.runner.h2d import copy_into
+from engine.runner.step_output import DeviceStepOutput
 
-StepBody = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
+StepBody = Callable[[torch.Tensor, torch.Tensor], DeviceStepOutput]
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
@@ -41,7 +42,7 @@ class GraphedStep:
         self.rows = torch.full((size,), padding_row, dtype=torch.int64, device=device)
         self.starts = torch.zeros(size, dtype=torch.int32, device=device)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._outputs: dict[int, dict[str, torch.Tensor]] = {}
+        self._outputs: dict[int, DeviceStepOutput] = {}
         pool = torch.cuda.graph_pool_handle()
         for bucket in reversed(self.buckets):  # largest first: smaller ones reuse its pool
             rows, starts = self.rows[:bucket], self.starts[:bucket]
@@ -62,7 +63,7 @@ class GraphedStep:
                 return bucket
         return None
 
-    def replay(self, rows: np.ndarray, starts: np.ndarray) -> dict[str, torch.Tensor]:
+    def replay(self, rows: np.ndarray, starts: np.ndarray) -> DeviceStepOutput:
         """Run the step for len(rows) requests; returns outputs cut to that batch, copied out
         of the graph's buffers (the next replay overwrites them)."""
         batch = len(rows)
@@ -75,4 +76,4 @@ class GraphedStep:
         copy_into(self.rows[:bucket], padded_rows)
         copy_into(self.starts[:bucket], padded_starts)
         self._graphs[bucket].replay()
-        return {name: t[:batch].clone() for name, t in self._outputs[bucket].items()}
+        return self._outputs[bucket].map(lambda t: t[:batch].clone())

@@ -17,14 +17,15 @@ from engine.kv.pool import KVPool
 from engine.models.context import CausalLM, ForwardContext
 from engine.request import Request
 from engine.runner.batch_inputs import expand_extend, uniform_window
+from engine.runner.cpu_decoder_stack import with_cpu_decoder_stack
 from engine.runner.cuda_graphs import DEFAULT_BUCKETS, GraphedStep
 from engine.runner.h2d import to_device
+from engine.runner.options import RunnerOptions
 from engine.runner.row_sampling import RowSampling
 from engine.runner.spec_decode import SpecDecoder
-from engine.runner.step_output import PendingStep
-from engine.scheduler import ScheduledStep
+from engine.runner.step_output import DeviceStepOutput, PendingStep, StepLogprobs
+from engine.scheduler import ScheduledStep, longest_kv_within
 from engine.speculative.setup import SpecSetup
-from engine.speculative.stats import SpecCounters
 
 
 class ModelRunner:
@@ -44,8 +45,10 @@ class ModelRunner:
         req_to_token: torch.Tensor,
         req_to_token_host: np.ndarray,
         spec: SpecSetup | None = None,
+        options: RunnerOptions | None = None,
     ) -> None:
-        self.model = model
+        # On CPU the runner sends the forwards the one-call decoder stack serves to it.
+        self.model = with_cpu_decoder_stack(model) if device.type == "cpu" else model
         self.device = device
         self.dtype = dtype
         self.vocab_size = vocab_size
@@ -58,15 +61,16 @@ class ModelRunner:
         self.kv_len = torch.zeros(max_rows + 1, dtype=torch.int32, device=device)
         self.sampling = RowSampling(max_rows + 1, vocab_size, device)
         self.copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self.host_sized_expansion = True
-        self.spec: SpecDecoder | None = None
-        self.spec_stats = SpecCounters(spec.gamma if spec else 0)
+        self.options = options = options or RunnerOptions()
+        self.dspark: SpecDecoder | None = None
         self.capture_layers: tuple[int, ...] = ()
         self.graphs: GraphedStep | None = None
         self.graphs_without_draft: GraphedStep | None = None  # DSpark batches over max_batch_size
         if spec is not None:
             draft_pool = spec.new_pool(num_slots, dtype, device)
-            self.spec = SpecDecoder(spec, model, self.kv_pool, draft_pool, self.backend, self.sampling)
+            self.dspark = SpecDecoder(
+                spec, self.model, self.kv_pool, draft_pool, self.backend, self.sampling, options.accept_rule
+            )
             self.capture_layers = spec.capture_layers
 
     # -- admission ------------------------------------------------------------------------
@@ -82,7 +86,7 @@ class ModelRunner:
         and draft. Runs between steps; waits for the device (a handoff, not the step loop)."""
         slots = to_device(self.req_to_token_host_slots(req, 0, req.kv_len), self.device)
         target = self.kv_pool.read(slots).cpu()
-        draft = self.spec.draft_pool.read(slots).cpu() if self.spec is not None else None
+        draft = self.dspark.draft_pool.read(slots).cpu() if self.dspark is not None else None
         return target, draft
 
     def import_kv(
@@ -92,10 +96,10 @@ class ModelRunner:
         make its last token the next input."""
         slots = to_device(self.req_to_token_host_slots(req, start, req.kv_len), self.device)
         self.kv_pool.write(slots, target_kv[:, :, start:].to(self.device, non_blocking=True))
-        if self.spec is not None:
+        if self.dspark is not None:
             if draft_kv is None:
                 raise ValueError("handoff: this engine runs DSpark but the handoff carries no draft KV")
-            self.spec.draft_pool.write(slots, draft_kv[:, :, start:].to(self.device, non_blocking=True))
+            self.dspark.draft_pool.write(slots, draft_kv[:, :, start:].to(self.device, non_blocking=True))
         row = to_device(np.array([req.row], dtype=np.int64), self.device)
         self.last_token[row] = to_device(np.array([last_token], dtype=np.int64), self.device)
         self.kv_len[row] = to_device(np.array([req.kv_len], dtype=np.int32), self.device)
@@ -118,14 +122,19 @@ class ModelRunner:
         ends = np.array([c.end for c in chunks], dtype=np.int32)
         ids = np.concatenate([np.asarray(c.req.fill_ids[c.start : c.end], dtype=np.int64) for c in chunks])
         inputs = expand_extend(
-            self.req_to_token, rows, starts, ends - starts, self.device, host_sized_expansion=self.host_sized_expansion
+            self.req_to_token,
+            rows,
+            starts,
+            ends - starts,
+            self.device,
+            host_sized_expansion=self.options.host_sized_expansion,
         )
         ctx = ForwardContext(inputs.meta, self.kv_pool, self.backend, capture_layers=self.capture_layers)
         hidden = self.model(to_device(ids, self.device), inputs.positions, ctx)  # [T, H]
-        if self.spec is not None:
+        if self.dspark is not None:
             aux = ctx.aux_hidden()
             assert aux is not None
-            self.spec.inject(aux, inputs.positions, inputs.meta.out_slots)
+            self.dspark.inject(aux, inputs.positions, inputs.meta.out_slots)
 
         # Only chunks that end a fill sample; the others produce a padded row (accept_len 0).
         sampling = np.array([c.samples for c in chunks])
@@ -134,7 +143,7 @@ class ModelRunner:
         tokens = torch.full((num, 1), -1, dtype=torch.int64, device=self.device)
         accept_len = to_device(sampling.astype(np.int32), self.device)
         kv_len = to_device(ends, self.device)
-        outputs = {"tokens": tokens, "accept_len": accept_len, "kv_len": kv_len}
+        logprobs: StepLogprobs | None = None
         if sampling.any():
             pick = np.flatnonzero(sampling)
             pick_d = to_device(pick, self.device)
@@ -147,32 +156,32 @@ class ModelRunner:
             self.last_token[rows_s] = sample.tokens
             self.kv_len[rows_s] = to_device(ends[pick], self.device)
             self.sampling.record_outputs(rows_s, sample.tokens[:, None])
-            outputs.update(sample.logprob_outputs(num, pick_d))
-        return PendingStep(outputs, self.copy_stream)
+            logprobs = sample.step_logprobs(num, pick_d)
+        return PendingStep(DeviceStepOutput(tokens, accept_len, kv_len, logprobs), self.copy_stream)
 
     def _decode(self, step: ScheduledStep) -> PendingStep:
         reqs = step.decode
         rows = np.array([r.row for r in reqs], dtype=np.int64)
         starts = np.array(step.kv_before, dtype=np.int32)  # plain decode: exact positions
-        drafting = self.spec is not None and self.spec.spec.drafts_at(len(reqs))
-        graphs = self.graphs if drafting or self.spec is None else self.graphs_without_draft
+        drafting = self.dspark is not None and self.dspark.setup.drafts_at(len(reqs))
+        graphs = self.graphs if drafting or self.dspark is None else self.graphs_without_draft
         graphable = all(r.params.greedy and not r.params.uses_penalties and r.params.logprobs is None for r in reqs)
         if graphs is not None and graphable and graphs.bucket_for(len(reqs)) is not None:
             return PendingStep(graphs.replay(rows, starts), self.copy_stream)
         rows_d = to_device(rows, self.device)
         starts_d = to_device(starts, self.device)
         max_len = int(starts.max())
-        if self.spec is None:
+        if self.dspark is None:
             outputs = self._plain_decode(rows_d, starts_d, max_len + 1, reqs)
         elif drafting:
-            outputs = self.spec.step(rows_d, max_len, reqs, self.req_to_token, self.last_token, self.kv_len)
+            outputs = self.dspark.step(rows_d, max_len, reqs, self.req_to_token, self.last_token, self.kv_len)
         else:  # DSpark's host knows only a bound on each row's length: the device has it
             outputs = self._plain_decode(rows_d, self.kv_len[rows_d], max_len + 1, reqs)
         return PendingStep(outputs, self.copy_stream)
 
     def _plain_decode(
         self, rows_d: torch.Tensor, starts_d: torch.Tensor, max_seq_len: int, reqs: list[Request]
-    ) -> dict[str, torch.Tensor]:
+    ) -> DeviceStepOutput:
         """One token per row at position starts_d[b] [B] int32. `reqs` empty: greedy without
         penalties or logprobs (the captured variant). With DSpark (a batch over its cap) the
         drafter's layers are captured and the token's KV injected into the draft pool, and
@@ -180,19 +189,22 @@ class ModelRunner:
         inputs = uniform_window(self.req_to_token, rows_d, starts_d, 1, max_seq_len, causal=True)
         ctx = ForwardContext(inputs.meta, self.kv_pool, self.backend, capture_layers=self.capture_layers)
         hidden = self.model(self.last_token[rows_d], inputs.positions, ctx)  # [B, H]
-        if self.spec is not None:
+        if self.dspark is not None:
             aux = ctx.aux_hidden()
             assert aux is not None  # capture_layers are the drafter's
-            self.spec.inject(aux, inputs.positions, inputs.meta.out_slots)
+            self.dspark.inject(aux, inputs.positions, inputs.meta.out_slots)
         logits = self.model.compute_logits(hidden)  # [B, V]
         sample = self.sampling.sample(logits, rows_d, inputs.positions + 1, reqs)
         self.last_token[rows_d] = sample.tokens
         new_len = starts_d + 1
         self.kv_len[rows_d] = new_len
         self.sampling.record_outputs(rows_d, sample.tokens[:, None])
-        outputs = {"tokens": sample.tokens[:, None], "accept_len": torch.ones_like(new_len), "kv_len": new_len}
-        outputs.update(sample.logprob_outputs(rows_d.shape[0], None))
-        return outputs
+        return DeviceStepOutput(
+            tokens=sample.tokens[:, None],
+            accept_len=torch.ones_like(new_len),
+            kv_len=new_len,
+            logprobs=sample.step_logprobs(rows_d.shape[0], None),
+        )
 
     # -- CUDA graphs ----------------------------------------------------------------------
 
@@ -200,25 +212,25 @@ class ModelRunner:
         """Capture the decode step (plain or DSpark) per batch-size bucket (GPU only)."""
         if self.device.type != "cuda":
             return
-        if self.spec is None:
+        if self.dspark is None:
 
-            def body(rows_d: torch.Tensor, starts_d: torch.Tensor) -> dict[str, torch.Tensor]:
+            def body(rows_d: torch.Tensor, starts_d: torch.Tensor) -> DeviceStepOutput:
                 return self._plain_decode(rows_d, starts_d, max_context, [])
 
             with torch.inference_mode():
                 self.graphs = GraphedStep(body, max_batch, padding_row, self.device)
             return
 
-        spec = self.spec
-        max_len = max_context - 2 * spec.spec.window
+        dspark = self.dspark
+        max_len = longest_kv_within(max_context, dspark.setup.window)
 
-        def drafted(rows_d: torch.Tensor, starts_d: torch.Tensor) -> dict[str, torch.Tensor]:
-            return spec.step(rows_d, max_len, [], self.req_to_token, self.last_token, self.kv_len)
+        def drafted(rows_d: torch.Tensor, starts_d: torch.Tensor) -> DeviceStepOutput:
+            return dspark.step(rows_d, max_len, [], self.req_to_token, self.last_token, self.kv_len)
 
-        def undrafted(rows_d: torch.Tensor, starts_d: torch.Tensor) -> dict[str, torch.Tensor]:
+        def undrafted(rows_d: torch.Tensor, starts_d: torch.Tensor) -> DeviceStepOutput:
             return self._plain_decode(rows_d, self.kv_len[rows_d], max_context, [])
 
-        limit = spec.spec.max_batch_size
+        limit = dspark.setup.max_batch_size
         with torch.inference_mode():
             self.graphs = GraphedStep(drafted, min(max_batch, limit or max_batch), padding_row, self.device)
             if limit is not None and limit < max_batch:

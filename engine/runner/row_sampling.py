@@ -15,6 +15,7 @@ import torch
 
 from engine.request import Request
 from engine.runner.h2d import to_device
+from engine.runner.step_output import StepLogprobs
 from engine.sampling.logprobs import TokenLogprobs, compute_logprobs
 from engine.sampling.penalties import PenaltyState
 from engine.sampling.sampler import Sampler, SamplingFlags, SamplingTensors, processed_probs
@@ -26,25 +27,21 @@ class RowSample:
     tokens: torch.Tensor  # [R] int64
     logprobs: TokenLogprobs | None
 
-    def logprob_outputs(self, num_rows: int, picked: torch.Tensor | None) -> dict[str, torch.Tensor]:
-        """Logprob outputs laid out [num_rows, 1, ...]; `picked` scatters the R sampled rows
-        into their batch rows (None: R == num_rows, in order)."""
+    def step_logprobs(self, num_rows: int, picked: torch.Tensor | None) -> StepLogprobs | None:
+        """Logprobs laid out [num_rows, 1, ...]; `picked` scatters the R sampled rows into
+        their batch rows (None: R == num_rows, in order)."""
         if self.logprobs is None:
-            return {}
+            return None
         lp = self.logprobs
         if picked is None:
-            return {
-                "logprob": lp.chosen[:, None],
-                "top_ids": lp.top_ids[:, None],
-                "top_logprobs": lp.top_logprobs[:, None],
-            }
+            return StepLogprobs(lp.chosen[:, None], lp.top_ids[:, None], lp.top_logprobs[:, None])
         chosen = lp.chosen.new_zeros((num_rows, 1))
         chosen[picked, 0] = lp.chosen
         top_ids = lp.top_ids.new_zeros((num_rows, 1, lp.top_ids.shape[-1]))
         top_ids[picked, 0] = lp.top_ids
         top_lps = lp.top_logprobs.new_zeros((num_rows, 1, lp.top_logprobs.shape[-1]))
         top_lps[picked, 0] = lp.top_logprobs
-        return {"logprob": chosen, "top_ids": top_ids, "top_logprobs": top_lps}
+        return StepLogprobs(chosen, top_ids, top_lps)
 
 
 class RowSampling:
@@ -133,17 +130,15 @@ class RowSampling:
         flat, st_w = self._window(logits, rows_d, drafts, reqs)
         return processed_probs(flat, st_w).view(logits.shape)
 
-    def logprob_outputs_window(
+    def window_logprobs(
         self, logits: torch.Tensor, out_tokens: torch.Tensor, reqs: list[Request]
-    ) -> dict[str, torch.Tensor]:
+    ) -> StepLogprobs | None:
         """Logprobs of the committed tokens [B, W] (-1 padding gets a dummy entry)."""
         requested = [r.params.logprobs for r in reqs if r.params.logprobs is not None]
         if not requested:
-            return {}
+            return None
         batch, width, vocab = logits.shape
         lp = compute_logprobs(logits.reshape(batch * width, vocab), out_tokens.clamp(min=0).reshape(-1), max(requested))
-        return {
-            "logprob": lp.chosen.view(batch, width),
-            "top_ids": lp.top_ids.view(batch, width, -1),
-            "top_logprobs": lp.top_logprobs.view(batch, width, -1),
-        }
+        return StepLogprobs(
+            lp.chosen.view(batch, width), lp.top_ids.view(batch, width, -1), lp.top_logprobs.view(batch, width, -1)
+        )

@@ -22,36 +22,36 @@ from engine.kv.pool import KVPool
 from engine.models.context import AttentionBackend, CausalLM, ForwardContext
 from engine.request import Request
 from engine.runner.batch_inputs import uniform_window
+from engine.runner.options import AcceptRule
 from engine.runner.row_sampling import RowSampling
-from engine.sampling.rng import uniform
+from engine.runner.step_output import DeviceStepOutput
 from engine.speculative import accept as acc
 from engine.speculative.setup import SpecSetup
-
-# Counter-based stream of the accept-length simulation knob (benchmarks only).
-_SIMULATE_STREAM = 0x5D_AC_03
 
 
 class SpecDecoder:
     def __init__(
         self,
-        spec: SpecSetup,
+        setup: SpecSetup,
         model: CausalLM,
         target_pool: KVPool,
         draft_pool: KVPool,
         backend: AttentionBackend,
         sampling: RowSampling,
+        accept_rule: AcceptRule | None = None,
     ) -> None:
-        self.spec = spec
+        self.setup = setup
         self.model = model
         self.target_pool = target_pool
         self.draft_pool = draft_pool
         self.backend = backend
         self.sampling = sampling
+        self.accept_rule = accept_rule  # RunnerOptions.accept_rule
 
     def inject(self, aux_hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
         """Every new token of a forward that did not draft (prefill, or a decode step over the
         batch cap): its captured hidden state becomes draft context KV at its slot."""
-        self.spec.drafter.inject_kv(aux_hidden, positions, slots, self.draft_pool)
+        self.setup.drafter.inject_kv(aux_hidden, positions, slots, self.draft_pool)
 
     def step(
         self,
@@ -61,13 +61,13 @@ class SpecDecoder:
         req_to_token: torch.Tensor,
         last_token: torch.Tensor,
         kv_len: torch.Tensor,
-    ) -> dict[str, torch.Tensor]:
+    ) -> DeviceStepOutput:
         """Launch draft → verify → accept → commit for the rows `rows_d` [B]; returns the
         fixed-shape device outputs to copy to the host. `max_len` bounds every row's KV
         length (host, one step behind); `last_token` / `kv_len` are the per-row device
         buffers, updated in place. `reqs` carry the sampling facts the host knows; an empty
         list means greedy rows without penalties or logprobs (what a CUDA graph captures)."""
-        gamma, width = self.spec.gamma, self.spec.window
+        gamma, width = self.setup.gamma, self.setup.window
         batch = rows_d.shape[0]
         device = last_token.device
         seq_lens = kv_len[rows_d]  # [B] int32, device only
@@ -79,7 +79,7 @@ class SpecDecoder:
         block_ctx = ForwardContext(block.meta, self.draft_pool, self.backend)
         temperature = self.sampling.temperature(rows_d)
         keys = self.sampling.keys(rows_d)
-        proposal = self.spec.drafter.propose(
+        proposal = self.setup.drafter.propose(
             anchor,
             block_ctx,
             block.positions.view(batch, gamma),
@@ -92,7 +92,7 @@ class SpecDecoder:
 
         # 2. Verify: the target over [anchor, drafts] at seq_len + [0, W), causal.
         verify = uniform_window(req_to_token, rows_d, seq_lens, width, max_len + width, causal=True)
-        ctx = ForwardContext(verify.meta, self.target_pool, self.backend, capture_layers=self.spec.capture_layers)
+        ctx = ForwardContext(verify.meta, self.target_pool, self.backend, capture_layers=self.setup.capture_layers)
         verify_ids = torch.cat((anchor[:, None], drafts), dim=1).reshape(-1)  # [B*W]
         hidden = self.model(verify_ids, verify.positions, ctx)  # [B*W, H]
         logits = self.model.compute_logits(hidden).view(batch, width, -1)  # [B, W, V]
@@ -114,41 +114,25 @@ class SpecDecoder:
                 temperature <= 0,
             )
         out_tokens, accept_len = result.out_tokens, result.accept_len
-        if self.spec.simulate_accept_len is not None:
-            out_tokens, accept_len = self._simulate(drafts, keys, counters[:, 0])
+        if self.accept_rule is not None:
+            out_tokens, accept_len = self.accept_rule(drafts, keys, counters[:, 0])
 
         # 4. Commit: anchor + accepted drafts get draft KV; the bonus is the next anchor.
         window_slots = verify.meta.out_slots.view(batch, width)
         commit = acc.commit_slots(window_slots, accept_len)
         aux = ctx.aux_hidden()
         assert aux is not None  # the verify context captures the drafter's layers
-        self.spec.drafter.inject_kv(aux, verify.positions, commit.reshape(-1), self.draft_pool)
+        self.setup.drafter.inject_kv(aux, verify.positions, commit.reshape(-1), self.draft_pool)
         new_len = acc.finalize(accept_len, seq_lens)
         bonus = out_tokens.gather(1, (accept_len.long() - 1)[:, None]).squeeze(1)
         last_token[rows_d] = bonus
         kv_len[rows_d] = new_len
         self.sampling.record_outputs(rows_d, out_tokens)
 
-        outputs = {
-            "tokens": out_tokens,
-            "accept_len": accept_len,
-            "kv_len": new_len,
-            "draft_len": torch.full((batch,), gamma, dtype=torch.int32, device=device),
-        }
-        outputs.update(self.sampling.logprob_outputs_window(logits, out_tokens, reqs))
-        return outputs
-
-    def _simulate(
-        self, drafts: torch.Tensor, keys: torch.Tensor, counter: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Benchmark knob: commit a forced number of tokens (mean = simulate_accept_len),
-        taking the drafts as if accepted. Output text is meaningless; speed is real."""
-        target = float(self.spec.simulate_accept_len or 1.0)
-        whole = int(target)
-        coin = uniform(keys, counter, 1, _SIMULATE_STREAM)[:, 0]  # [B]
-        accept_len = (whole + (coin < target - whole).to(torch.int32)).clamp(1, self.spec.window)
-        accept_len = accept_len.to(torch.int32)
-        cols = torch.arange(self.spec.window, device=drafts.device)
-        padded = torch.cat((drafts, drafts[:, -1:]), dim=1)  # [B, W]
-        forced = torch.where(cols < accept_len[:, None].long(), padded, torch.full_like(padded, -1))
-        return forced, accept_len
+        return DeviceStepOutput(
+            tokens=out_tokens,
+            accept_len=accept_len,
+            kv_len=new_len,
+            logprobs=self.sampling.window_logprobs(logits, out_tokens, reqs),
+            draft_len=torch.full((batch,), gamma, dtype=torch.int32, device=device),
+        )

@@ -1,4 +1,4 @@
-"""A launched step's outputs on their way to the host.
+"""A launched step's outputs: the fixed-shape tensors a step writes, and their way to the host.
 
 Device → host copies go to pinned buffers on a side stream, behind an event recorded on the
 compute stream after the step; `wait()` is the one blocking wait of the step loop and runs
@@ -7,42 +7,75 @@ one step later, after the next step has been launched (DESIGN.md §4).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 
+class StepLogprobs(NamedTuple):
+    """Logprobs of the committed tokens, laid out like `DeviceStepOutput.tokens`."""
+
+    logprob: torch.Tensor  # [R, W] float32: log p of each committed token
+    top_ids: torch.Tensor  # [R, W, N] int64: the N most likely alternatives, best first
+    top_logprobs: torch.Tensor  # [R, W, N] float32
+
+
+class DeviceStepOutput(NamedTuple):
+    """One step's fixed-shape outputs, one row per scheduled request (W = 1 outside DSpark)."""
+
+    tokens: torch.Tensor  # [R, W] int64: committed tokens of each row, padded with -1
+    accept_len: torch.Tensor  # [R] int32: how many of `tokens` each row committed (0: no sample)
+    kv_len: torch.Tensor  # [R] int32: the row's KV length after the step
+    logprobs: StepLogprobs | None = None  # when a row of the step asked for logprobs
+    draft_len: torch.Tensor | None = None  # [R] int32: DSpark tokens drafted per row
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> DeviceStepOutput:
+        """The same outputs with `fn` applied to every tensor (copies, batch cuts)."""
+        lp = self.logprobs
+        return DeviceStepOutput(
+            tokens=fn(self.tokens),
+            accept_len=fn(self.accept_len),
+            kv_len=fn(self.kv_len),
+            logprobs=None if lp is None else StepLogprobs(fn(lp.logprob), fn(lp.top_ids), fn(lp.top_logprobs)),
+            draft_len=None if self.draft_len is None else fn(self.draft_len),
+        )
+
+
 @dataclass(frozen=True)
 class StepResult:
-    """Host copies of one step's fixed-shape outputs, one row per scheduled request."""
+    """Host copies of one step's `DeviceStepOutput`."""
 
-    tokens: np.ndarray  # [R, W] int64: committed tokens of each row, padded
-    accept_len: np.ndarray  # [R] int32: how many of `tokens` each row committed (>= 1)
-    kv_len: np.ndarray  # [R] int32: the row's KV length after the step
-    logprob: np.ndarray | None  # [R, W] float32: log p of each committed token
-    top_ids: np.ndarray | None  # [R, W, N] int64: the N most likely alternatives
+    tokens: np.ndarray  # [R, W] int64
+    accept_len: np.ndarray  # [R] int32
+    kv_len: np.ndarray  # [R] int32
+    logprob: np.ndarray | None  # [R, W] float32
+    top_ids: np.ndarray | None  # [R, W, N] int64
     top_logprobs: np.ndarray | None  # [R, W, N] float32
-    draft_len: np.ndarray | None = None  # [R] int32: DSpark tokens drafted per row
+    draft_len: np.ndarray | None = None  # [R] int32
 
 
 class PendingStep:
-    def __init__(self, device_outputs: dict[str, torch.Tensor], copy_stream: torch.cuda.Stream | None) -> None:
-        self._host: dict[str, torch.Tensor] = {}
+    def __init__(self, device_outputs: DeviceStepOutput, copy_stream: torch.cuda.Stream | None) -> None:
         self._done: torch.cuda.Event | None = None
         if copy_stream is None:
             # CPU: work already ran in order; a copy detaches the results from reused buffers.
-            self._host = {name: t.clone() for name, t in device_outputs.items()}
+            self._host = device_outputs.map(torch.clone)
             return
         ready = torch.cuda.Event()
         ready.record()
+
+        def to_pinned(t: torch.Tensor) -> torch.Tensor:
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t, non_blocking=True)
+            t.record_stream(copy_stream)
+            return host
+
         with torch.cuda.stream(copy_stream):
             copy_stream.wait_event(ready)
-            for name, t in device_outputs.items():
-                host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                host.copy_(t, non_blocking=True)
-                t.record_stream(copy_stream)
-                self._host[name] = host
+            self._host = device_outputs.map(to_pinned)  # the same fields, in pinned host memory
             self._done = torch.cuda.Event()
             self._done.record(copy_stream)
 
@@ -50,13 +83,13 @@ class PendingStep:
         """Block until the copies landed (the permitted per-step wait) and view them."""
         if self._done is not None:
             self._done.synchronize()
-        arrays = {name: t.numpy() for name, t in self._host.items()}
+        host, lp = self._host, self._host.logprobs
         return StepResult(
-            tokens=arrays["tokens"],
-            accept_len=arrays["accept_len"],
-            kv_len=arrays["kv_len"],
-            logprob=arrays.get("logprob"),
-            top_ids=arrays.get("top_ids"),
-            top_logprobs=arrays.get("top_logprobs"),
-            draft_len=arrays.get("draft_len"),
+            tokens=host.tokens.numpy(),
+            accept_len=host.accept_len.numpy(),
+            kv_len=host.kv_len.numpy(),
+            logprob=None if lp is None else lp.logprob.numpy(),
+            top_ids=None if lp is None else lp.top_ids.numpy(),
+            top_logprobs=None if lp is None else lp.top_logprobs.numpy(),
+            draft_len=None if self._host.draft_len is None else self._host.draft_len.numpy(),
         )

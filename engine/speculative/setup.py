@@ -1,4 +1,5 @@
-"""Wires DSpark into an engine: finds and loads the drafter, binds it to the target, and
+"""Wires DSpark into an engine: finds and loads the drafter (the one given, or the one shipped
+with the model alias, engine.loader.resolve.shipped_drafter), binds it to the target, and
 sizes its KV (the draft pool shares the target's slot ids, DESIGN.md §2)."""
 
 from __future__ import annotations
@@ -9,21 +10,19 @@ from pathlib import Path
 
 import torch
 
-from engine.config import SpeculativeConfig
+from engine.config import ModelConfig, SpeculativeConfig
 from engine.kv.pool import KVPool
+from engine.loader.resolve import shipped_drafter
 from engine.models.context import CausalLM
 from engine.speculative.checkpoint import load_drafter
 from engine.speculative.drafter import DSparkDrafter
 from engine.speculative.drafter_config import DrafterConfig
-
-SHIPPED_DRAFTERS_DIR = Path(__file__).resolve().parent.parent / "assets" / "drafters"
 
 
 @dataclass
 class SpecSetup:
     drafter: DSparkDrafter
     config: DrafterConfig
-    simulate_accept_len: float | None = None
     max_batch_size: int | None = None  # SpeculativeConfig.max_batch_size
 
     def drafts_at(self, batch: int) -> bool:
@@ -49,17 +48,11 @@ class SpecSetup:
         return KVPool(self.config.num_layers, num_slots, self.config.num_kv_heads, self.config.head_dim, dtype, device)
 
 
-def shipped_drafter(model_name: str) -> Path | None:
-    """The drafter shipped in the package for a built-in model alias, if there is one."""
-    path = SHIPPED_DRAFTERS_DIR / model_name
-    return path if (path / "drafter.json").is_file() else None
-
-
 def build_spec(
     spec: SpeculativeConfig,
     model_name: str,
     target: CausalLM,
-    target_config: object,
+    target_config: ModelConfig,
     device: torch.device,
     dtype: torch.dtype,
 ) -> SpecSetup:
@@ -69,11 +62,9 @@ def build_spec(
             f"speculative: no drafter ships with {model_name!r}; pass the path of one "
             f"(train it with `dspark-serve train-drafter`)"
         )
-    drafter, config = load_drafter(directory, target_config, device, dtype)  # type: ignore[arg-type]
+    drafter, config = load_drafter(directory, target_config, device, dtype)
     if spec.gamma is not None and spec.gamma != config.gamma:
         config = dataclasses.replace(config, gamma=spec.gamma)
         drafter.config = config
     drafter.bind_target(target.embed, target.compute_logits)
-    return SpecSetup(
-        drafter=drafter, config=config, simulate_accept_len=spec.simulate_accept_len, max_batch_size=spec.max_batch_size
-    )
+    return SpecSetup(drafter=drafter, config=config, max_batch_size=spec.max_batch_size)

@@ -146,7 +146,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
 
 def shipped_drafter_available(model: str) -> bool:
     try:
-        from engine.speculative.setup import shipped_drafter
+        from engine.loader.resolve import shipped_drafter
     except ImportError:
         return False
     return shipped_drafter(model) is not None

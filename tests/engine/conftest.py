@@ -16,6 +16,7 @@ from engine.engine_setup import build_engine_parts
 from engine.loader.load import LoadedModel, load_model
 from engine.loader.resolve import resolve_model
 from engine.loader.tokenizer import Tokenizer
+from engine.runner.options import RunnerOptions
 
 EngineFactory = Callable[..., EngineCore]
 
@@ -26,18 +27,19 @@ def smollm() -> LoadedModel:
 
 
 def _factory(loaded: LoadedModel) -> EngineFactory:
-    def make(**options: Any) -> EngineCore:
+    def make(runner_options: RunnerOptions | None = None, **options: Any) -> EngineCore:
         options.setdefault("kv_cache_memory_bytes", 256 << 20)
         options.setdefault("max_model_len", 2048)
         config = EngineConfig(model=str(loaded.source.name), device="cpu", **options)
-        return EngineCore(config, parts=build_engine_parts(config, loaded=loaded))
+        return EngineCore(config, parts=build_engine_parts(config, loaded=loaded, runner_options=runner_options))
 
     return make
 
 
 @pytest.fixture(scope="session")
 def make_engine(smollm: LoadedModel) -> EngineFactory:
-    """EngineCore over the shared SmolLM2 weights; keyword arguments are EngineConfig fields."""
+    """EngineCore over the shared SmolLM2 weights; keyword arguments are EngineConfig fields,
+    and `runner_options` the runner's alternatives (engine/runner/options.py)."""
     return _factory(smollm)
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine.config import SpeculativeConfig
+from engine.runner.options import RunnerOptions
 from engine.sampling_params import SamplingParams
 from engine.sync_guard import HostSyncError, SyncGuard
 from tests.data.prompts import CHAT_PROMPTS
@@ -58,8 +59,7 @@ def test_step_loop_passes_the_cpu_sync_guard(make_engine, tmp_path_factory, smol
 def test_prefill_expansion_without_output_size_is_caught(make_engine):
     """The motivating bug: repeat_interleave without output_size reads the size back from the
     device. The guard must catch it in the prefill expansion."""
-    engine = make_engine()
-    engine.runner.host_sized_expansion = False
+    engine = make_engine(runner_options=RunnerOptions(host_sized_expansion=False))
     engine.add_request("r", chat_ids(engine, CHAT_PROMPTS[0]), SamplingParams(max_tokens=2))
     with pytest.raises(HostSyncError, match="repeat_interleave"), SyncGuard("cpu") as guard:
         engine.attach_sync_guard(guard)

@@ -1,0 +1,24 @@
+"""Alternatives to how the runner builds a step, chosen by whoever builds the engine. The
+engine itself always runs the defaults; benchmarks and tests pass others to measure what the
+defaults avoid or to force a workload."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+# (drafts [B, gamma], sampling keys [B], the window's first sampling counter [B])
+#   -> (out_tokens [B, W] int64 padded with -1, accept_len [B] int32 in [1, W])
+AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    # False: the prefill expansion lets PyTorch read its size back from the device, the host
+    # sync DESIGN.md §4 rules out (what tests/engine/test_sync_free_loop.py must catch).
+    host_sized_expansion: bool = True
+    # Replaces DSpark's acceptance after the verify forward (a benchmark forcing accept
+    # lengths); None: the lossless rule of engine/speculative/accept.py.
+    accept_rule: AcceptRule | None = None
