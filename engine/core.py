@@ -74,7 +74,7 @@ class EngineCore:
         self.steps_total = 0
 
     def attach_sync_guard(self, guard: SyncGuard) -> None:
-        """Run under `guard` (DESIGN.md §4): the step's wait on the previous output copy is
+        """Run under `guard` (docs/design.md §4): the step's wait on the previous output copy is
         the one permitted host/device synchronisation; anything else fails."""
         self._permit_wait = lambda: guard.permitted("previous step output")
 

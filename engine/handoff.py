@@ -1,4 +1,4 @@
-"""What a prefill engine hands a decode engine for one request (DESIGN.md §5): the KV of
+"""What a prefill engine hands a decode engine for one request (docs/design.md §5): the KV of
 every computed position (target and draft pools, same slot order), the tokens so far and the
 sampling state. Tensors are on the CPU here; a device-to-device transfer can move the same
 fields between GPUs."""

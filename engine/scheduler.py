@@ -5,7 +5,7 @@ a request samples its next token) or a decode step (every decoding request advan
 token, or by one DSpark draft+verify block). When both kinds of work are pending they take
 turns, so a long prompt delays running requests by at most one chunk.
 
-The one-step lag (DESIGN.md §4), stated here once: step N is launched before the host has
+The one-step lag (docs/design.md §4), stated here once: step N is launched before the host has
 seen step N-1's outputs, so the scheduler works on host state that lags the device by one
 step. It knows exactly what it scheduled, and what came out of every step but the one in
 flight. Tokens per decode step are at most `step_width` (1, or W = gamma + 1 with DSpark), so
@@ -178,7 +178,7 @@ class Scheduler:
         for req in list(self.decoding):
             if req.status is not RequestStatus.DECODING or not self._wants_decode(req):
                 continue
-            # Positions this step may write: [kv_ub, kv_ub + W) (DESIGN.md §3).
+            # Positions this step may write: [kv_ub, kv_ub + W) (docs/design.md §3).
             need = self._kv_upper_bound(req) + self.step_width
             while not self.kv.reserve(req, need):
                 victim = self._youngest_decoding(exclude=chosen)

@@ -1,4 +1,4 @@
-"""The guard of DESIGN.md §4: inside `with SyncGuard(device):` any host/device
+"""The guard of docs/design.md §4: inside `with SyncGuard(device):` any host/device
 synchronisation fails loudly, except the one wait per step the engine designates.
 
     with SyncGuard(device) as guard:

@@ -1,4 +1,4 @@
-"""engine.sync_guard: every host-sync op of DESIGN.md §4 fails inside the guard with a
+"""engine.sync_guard: every host-sync op of docs/design.md §4 fails inside the guard with a
 message that names it and says how to fix it; host-data tensor creation, copies and
 fixed-shape ops pass; the designated wait passes and is counted."""
 

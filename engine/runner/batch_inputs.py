@@ -2,7 +2,7 @@
 
 Per-request values become per-token values with `repeat_interleave(..., output_size=T)`
 (T is a host int), gathers and broadcasts. Dropping `output_size` makes PyTorch read the
-total back from the device and wait for all queued work (DESIGN.md §4); the switch exists
+total back from the device and wait for all queued work (docs/design.md §4); the switch exists
 only so a benchmark can measure that cost.
 """
 

@@ -17,7 +17,7 @@ AcceptRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Te
 @dataclass(frozen=True)
 class RunnerOptions:
     # False: the prefill expansion lets PyTorch read its size back from the device, the host
-    # sync DESIGN.md §4 rules out (what tests/engine/test_sync_free_loop.py must catch).
+    # sync docs/design.md §4 rules out (what tests/engine/test_sync_free_loop.py must catch).
     host_sized_expansion: bool = True
     # Replaces DSpark's acceptance after the verify forward (a benchmark forcing accept
     # lengths); None: the lossless rule of engine/speculative/accept.py.

@@ -1,4 +1,4 @@
-"""One DSpark decode step, launched without a host wait (DESIGN.md §3–§4).
+"""One DSpark decode step, launched without a host wait (docs/design.md §3–§4).
 
 Per request row: the anchor (last committed token) sits at position `seq_len`, both read
 from per-row device buffers. The drafter proposes gamma tokens in one non-causal block
@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import torch
 
+from engine.attention.backend import AttentionBackend
 from engine.kv.pool import KVPool
-from engine.models.context import AttentionBackend, CausalLM, ForwardContext
+from engine.models.context import CausalLM, ForwardContext
 from engine.request import Request
 from engine.runner.batch_inputs import uniform_window
 from engine.runner.options import AcceptRule

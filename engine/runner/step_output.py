@@ -2,7 +2,7 @@
 
 Device → host copies go to pinned buffers on a side stream, behind an event recorded on the
 compute stream after the step; `wait()` is the one blocking wait of the step loop and runs
-one step later, after the next step has been launched (DESIGN.md §4).
+one step later, after the next step has been launched (docs/design.md §4).
 """
 
 from __future__ import annotations

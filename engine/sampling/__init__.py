@@ -1,6 +1,6 @@
 """Token sampling: counter-based randomness (rng), per-row parameters as device tensors
 (tensors), filters, penalties, logprobs and the sampler. All of it is fixed-shape device
-work with no host reads (DESIGN.md §2, §4)."""
+work with no host reads (docs/design.md §2, §4)."""
 
 from engine.sampling.logprobs import TokenLogprobs, compute_logprobs
 from engine.sampling.penalties import PenaltyState

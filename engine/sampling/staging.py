@@ -1,4 +1,4 @@
-"""Host -> device copies that never block the host (DESIGN.md §4): stage in pinned memory,
+"""Host -> device copies that never block the host (docs/design.md §4): stage in pinned memory,
 copy with `non_blocking=True`."""
 
 from __future__ import annotations

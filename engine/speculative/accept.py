@@ -1,4 +1,4 @@
-"""Verification of a DSpark block against the target (DESIGN.md §3 "Verify", "Commit").
+"""Verification of a DSpark block against the target (docs/design.md §3 "Verify", "Commit").
 
 The target has run causally over the verify window `[anchor, d_0 .. d_{gamma-1}]`
 (W = gamma + 1 rows per request); row j of its output predicts the token after row j's

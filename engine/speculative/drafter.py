@@ -1,4 +1,4 @@
-"""The DSpark drafter (DESIGN.md §3): a few Qwen3-style layers that draft a block of gamma
+"""The DSpark drafter (docs/design.md §3): a few Qwen3-style layers that draft a block of gamma
 tokens in one non-causal forward, reading the target's hidden states through KV injection.
 
 Data flow per decode step (B requests, block rows laid `[B, gamma]`):

@@ -1,4 +1,4 @@
-"""The shape of a DSpark drafter and the target it was trained for (DESIGN.md §3).
+"""The shape of a DSpark drafter and the target it was trained for (docs/design.md §3).
 
 A drafter is bound to one target: it reads the target's residual streams after
 `capture_layers` (`[N, K*H]`) and shares the target's embedding and LM head, so its hidden

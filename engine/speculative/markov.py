@@ -1,5 +1,5 @@
 """DSpark's semi-autoregressive tail: the Markov head, the block sampler and the confidence
-head (DESIGN.md §3 "Drafting a block").
+head (docs/design.md §3 "Drafting a block").
 
 The drafter's one block forward gives base logits for all gamma positions in parallel; the
 Markov head then corrects position i with a low-rank bigram bias from the token chosen at

@@ -1,6 +1,6 @@
 """Wires DSpark into an engine: finds and loads the drafter (the one given, or the one shipped
 with the model alias, engine.loader.resolve.shipped_drafter), binds it to the target, and
-sizes its KV (the draft pool shares the target's slot ids, DESIGN.md §2)."""
+sizes its KV (the draft pool shares the target's slot ids, docs/design.md §2)."""
 
 from __future__ import annotations
 

@@ -64,5 +64,5 @@ def test_one_call_stack_serves_the_python_layers_tokens(
 
 def test_stack_declines_what_it_cannot_run(tiny_model_dir: Path):
     loaded = load_model(str(tiny_model_dir), dtype=torch.float32, device="cpu", progress=False)
-    stack = loaded.model.model.cpu_stack
-    assert stack._packed_weights() is None  # float32: nothing packed for the tile kernel
+    stack = CpuDecoderStack(list(loaded.model.model.layers), loaded.config)
+    assert not stack.runs_weights()  # float32: nothing packed for the tile kernel
