@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from services.planner.kube import RayClusterScaler
+from services.planner.kube import RayClusterScaler, ReplicaChange
 from services.planner.policy import Plan, PlannerState, PolicyConfig, Role, Signals, decide
 from services.planner.prometheus import PrometheusReader
 
@@ -44,10 +44,7 @@ def evaluate(
         log.info("%s%s", "[dry run] " if dry_run and decision.changed else "", decision)
     changed = [d for d in plan.decisions() if d.changed]
     if changed and not dry_run:
-        scaler.set_replicas(
-            {groups.of(d.role): d.target for d in changed},
-            {groups.of(d.role): d.reason for d in changed},
-        )
+        scaler.set_replicas({groups.of(d.role): ReplicaChange(d.target, d.reason) for d in changed})
     # A dry run carries the state on as if the plan had been applied, so its log shows the
     # cool-downs the real planner would observe.
     return plan, next_state

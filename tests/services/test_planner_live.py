@@ -1,6 +1,7 @@
 """The planner end to end: a real Prometheus on loopback scrapes a small exporter of our
-metrics; the planner reads it and patches a RayCluster held by kmock, which stands in for
-the Kubernetes API server (none can run here) and serves the official client on loopback.
+metrics; the planner reads it and patches a RayCluster held by a strict stand-in for the
+Kubernetes API server (tests/services/kube_api.py; none can run here), which serves the
+official client on loopback.
 
 Exercises `dspark-serve planner --once` (scale-up on a TTFT breach) and then the loop's
 evaluation with carried state (scale-down after the cool-down once TTFT is healthy).
@@ -8,7 +9,6 @@ evaluation with carried state (scale-down after the cool-down once TTFT is healt
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 import time
@@ -21,15 +21,15 @@ import pytest
 from prometheus_client import generate_latest
 
 from services.metrics import Metrics
+from tests.services.kube_api import JSON_PATCH, StrictKubeApi
 from tests.services.prometheus import prometheus_binary, run_prometheus
 
-kmock = pytest.importorskip("kmock") if not os.environ.get("CI") else __import__("kmock")
 if prometheus_binary() is None and not os.environ.get("CI"):
     pytest.skip("needs the `prometheus` binary (Debian package prometheus)", allow_module_level=True)
 
 MODEL = "m"
 NAMESPACE, CLUSTER = "serving", "dspark-ray"
-RAYCLUSTERS = "ray.io/v1/rayclusters"
+RAYCLUSTERS = "apis/ray.io/v1/rayclusters"
 
 
 class Exporter:
@@ -63,57 +63,30 @@ class Exporter:
             tpot.observe(tpot_s)
 
 
-class FakeKubeApi:
-    """kmock's Kubernetes emulator on its own event loop thread, holding one RayCluster."""
-
-    def __init__(self) -> None:
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self.url = ""
-        self.emulator: Any = None
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
-        self._thread.start()
-        assert self._ready.wait(20), "kmock did not start"
-
-    async def _serve(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator) as server:
-            emulator.resources[RAYCLUSTERS] = kmock.ResourceInfo(
-                namespaced=True, kind="RayCluster", verbs={"get", "patch"}
-            )
-            emulator.objects[RAYCLUSTERS, NAMESPACE, CLUSTER] = {
-                "apiVersion": "ray.io/v1",
-                "kind": "RayCluster",
-                "metadata": {"name": CLUSTER, "namespace": NAMESPACE},
-                "spec": {
-                    "headGroupSpec": {"rayStartParams": {}},
-                    "workerGroupSpecs": [
-                        {"groupName": group, "replicas": 1, "minReplicas": 1, "maxReplicas": 4}
-                        for group in ("prefill", "decode")
-                    ],
-                },
-            }
-            self.emulator = emulator
-            self.url = str(server.url).rstrip("/")
-            self._ready.set()
-            await self._stop.wait()
-
-    def close(self) -> None:
-        assert self._loop is not None and self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+def raycluster() -> dict[str, Any]:
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": CLUSTER, "namespace": NAMESPACE},
+        "spec": {
+            "headGroupSpec": {"rayStartParams": {}},
+            "workerGroupSpecs": [
+                {"groupName": group, "replicas": 1, "minReplicas": 1, "maxReplicas": 4}
+                for group in ("prefill", "decode")
+            ],
+        },
+    }
 
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[tuple[Exporter, Any, FakeKubeApi]]:
+def stack(tmp_path: Path) -> Iterator[tuple[Exporter, Any, StrictKubeApi]]:
     exporter = Exporter()
     gauges = exporter.metrics
     for role in ("prefill", "decode"):
         gauges.gauge("dspark_num_requests_waiting").labels(MODEL, role).set(0)
         gauges.gauge("dspark_kv_cache_usage_ratio").labels(MODEL, role).set(0.1)
-    kube = FakeKubeApi()
+    kube = StrictKubeApi()
+    kube.put(RAYCLUSTERS, raycluster())
     try:
         with run_prometheus(exporter.target, tmp_path) as prometheus:
             yield exporter, prometheus, kube
@@ -122,7 +95,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[Exporter, Any, FakeKubeApi]]:
         exporter.server.shutdown()
 
 
-def replicas(kube: FakeKubeApi) -> dict[str, int]:
+def replicas(kube: StrictKubeApi) -> dict[str, int]:
     from services.planner.kube import RayClusterScaler, custom_objects_api
 
     groups = RayClusterScaler(custom_objects_api(kube.url), NAMESPACE, CLUSTER).worker_groups(("prefill", "decode"))
@@ -130,7 +103,7 @@ def replicas(kube: FakeKubeApi) -> dict[str, int]:
 
 
 def test_planner_scales_prefill_up_on_ttft_then_down_after_cooldown(
-    stack: tuple[Exporter, Any, FakeKubeApi],
+    stack: tuple[Exporter, Any, StrictKubeApi],
 ) -> None:
     from services.cli import main
     from services.planner.kube import RayClusterScaler, custom_objects_api
@@ -185,5 +158,6 @@ def test_planner_scales_prefill_up_on_ttft_then_down_after_cooldown(
     finally:
         reader.close()
     assert replicas(kube) == {"prefill": 2, "decode": 1}
+    assert {r.content_type for r in kube.patches()} == {JSON_PATCH}
     # The step down came only after a calm stretch of the cool-down.
     assert any("scale-down cool-down" in reason for reason in seen), seen
