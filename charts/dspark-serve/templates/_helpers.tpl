@@ -169,6 +169,43 @@ app.kubernetes.io/managed-by: {{ $root.Release.Service }}
 {{- end }}
 {{- end }}
 
+{{/* Worker env of speculative decoding and of the GPU check, as `dspark-serve worker` options:
+     `include "dspark.workerEngineEnv" (list $ $cfg)` with $cfg from dspark.workerConfig. YAML
+     1.1 reads an unquoted `on`/`off` as a boolean, so booleans stand for those two modes. */}}
+{{- define "dspark.workerEngineEnv" -}}
+{{- $root := index . 0 }}
+{{- $cfg := index . 1 }}
+{{- $spec := $root.Values.speculative }}
+{{- $mode := $spec.mode }}
+{{- if kindIs "bool" $mode }}
+{{- $mode = ternary "on" "off" $mode }}
+{{- end }}
+- name: DSPARK_SPECULATIVE
+  value: {{ $mode | quote }}
+{{- with $spec.drafter }}
+- name: DSPARK_DRAFTER
+  {{- if eq $root.Values.model.source "none" }}
+  value: {{ . | quote }}
+  {{- else }}
+  value: {{ printf "%s/%s" (trimSuffix "/" $root.Values.model.mountPath) (trimPrefix "/" .) | quote }}
+  {{- end }}
+{{- end }}
+{{- if hasKey $spec "gamma" }}
+- name: DSPARK_GAMMA
+  value: {{ $spec.gamma | quote }}
+{{- end }}
+{{- if hasKey $spec "maxBatchSize" }}
+- name: DSPARK_SPECULATIVE_MAX_BATCH_SIZE
+  value: {{ $spec.maxBatchSize | quote }}
+{{- end }}
+{{- if gt (int $cfg.gpusPerPod) 0 }}
+- name: DSPARK_REQUIRE_GPUS
+  value: {{ $cfg.gpusPerPod | quote }}
+- name: DSPARK_GPU_RESOURCE
+  value: {{ $cfg.resourceName | quote }}
+{{- end }}
+{{- end }}
+
 {{/* Writable scratch: the root filesystem is read-only. */}}
 {{- define "dspark.scratchVolumes" -}}
 - name: tmp
