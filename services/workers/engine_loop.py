@@ -43,7 +43,7 @@ from services.workers.types import (
 )
 
 if TYPE_CHECKING:
-    from engine.core import EngineCore
+    from engine.core import EngineCore, EngineStats
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +225,23 @@ class EngineLoop:
         now = time.monotonic()
         if force or now - self._last_stats_s >= self._stats_every_s:
             self._last_stats_s = now
-            self._stats = StatsSnapshot(self.instance_id, self.engine.stats(), self.outbox.num_consumers(), True)
+            stats = self.engine.stats()
+            pending = self._pending_handoffs(stats)
+            if pending:
+                stats = dataclasses.replace(stats, num_waiting=stats.num_waiting + pending)
+            self._stats = StatsSnapshot(self.instance_id, stats, self.outbox.num_consumers(), True)
+
+    def _pending_handoffs(self, stats: EngineStats) -> int:
+        """Hand-offs accepted by this worker that wait for a decode slot, counted as waiting:
+        KV still being fetched (receive_kv), and installed requests the engine holds in neither
+        scheduler queue yet (its hand-off queue). On a prefill worker the held requests are
+        finished prefills waiting for a decode worker to take them: not waiting here."""
+        with self._receive_lock:
+            receiving = len(self._receiving)
+        if self.role == "prefill":
+            return receiving
+        queued = len(self.engine.requests) - stats.num_running - stats.num_waiting
+        return receiving + max(0, queued)
 
     def _do_add(
         self,
