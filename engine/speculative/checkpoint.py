@@ -97,7 +97,10 @@ def read_drafter_document(directory: str | Path) -> tuple[DrafterConfig, dict[st
 
 
 def check_target(config: DrafterConfig, target: ModelConfig) -> None:
-    """Raise DrafterMismatchError unless `config` was made for a target shaped like `target`."""
+    """Raise DrafterMismatchError unless `config` was made for a target shaped like `target`:
+    the drafter embeds tokens and scores drafts through the target's embedding and LM head
+    (vocabulary and hidden size) and reads the residual streams of `capture_layers`, ids that
+    DrafterConfig keeps below `target_num_layers`, so equal layer counts make them exist."""
     pairs = (
         ("vocabulary size", config.target_vocab_size, target.vocab_size),
         ("hidden size", config.target_hidden_size, target.hidden_size),

@@ -1,6 +1,6 @@
-"""Wires DSpark into an engine: finds and loads the drafter (the one given, or the one shipped
-with the model alias, engine.loader.resolve.shipped_drafter), binds it to the target, and
-sizes its KV (the draft pool shares the target's slot ids, docs/design.md §2)."""
+"""Wires DSpark into an engine: finds the drafter (the one given, or the one shipped with the
+model, engine.loader.resolve.shipped_drafter), checks that it fits the target, loads it, binds
+it to the target, and sizes its KV (the draft pool shares the target's slot ids, docs/design.md §2)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from engine.config import ModelConfig, SpeculativeConfig
 from engine.kv.pool import KVPool
 from engine.loader.resolve import shipped_drafter
 from engine.models.context import CausalLM
-from engine.speculative.checkpoint import load_drafter
+from engine.speculative.checkpoint import DrafterMismatchError, check_target, load_drafter, read_drafter_config
 from engine.speculative.drafter import DSparkDrafter
 from engine.speculative.drafter_config import DrafterConfig
 
@@ -48,6 +48,27 @@ class SpecSetup:
         return KVPool(self.config.num_layers, num_slots, self.config.num_kv_heads, self.config.head_dim, dtype, device)
 
 
+def drafter_directory(spec: SpeculativeConfig, model_name: str) -> Path:
+    """The drafter `spec` names, else the one shipped with `model_name`; ValueError if neither."""
+    directory = Path(spec.drafter) if spec.drafter else shipped_drafter(model_name)
+    if directory is None:
+        raise ValueError(
+            f"speculative: no drafter ships with {model_name!r}; pass the path of one "
+            f"(train it with `dspark-serve train-drafter`)"
+        )
+    return directory
+
+
+def check_drafter_fits(directory: Path, model_name: str, target_config: ModelConfig) -> None:
+    """Raise DrafterMismatchError, naming the drafter and the model, unless the checkpoint in
+    `directory` was made for a target shaped like `target_config` (reads drafter.json only)."""
+    config, _ = read_drafter_config(directory)
+    try:
+        check_target(config, target_config)
+    except DrafterMismatchError as exc:
+        raise DrafterMismatchError(f"drafter {directory} does not fit the model {model_name!r}: {exc}") from None
+
+
 def build_spec(
     spec: SpeculativeConfig,
     model_name: str,
@@ -56,12 +77,8 @@ def build_spec(
     device: torch.device,
     dtype: torch.dtype,
 ) -> SpecSetup:
-    directory = Path(spec.drafter) if spec.drafter else shipped_drafter(model_name)
-    if directory is None:
-        raise ValueError(
-            f"speculative: no drafter ships with {model_name!r}; pass the path of one "
-            f"(train it with `dspark-serve train-drafter`)"
-        )
+    directory = drafter_directory(spec, model_name)
+    check_drafter_fits(directory, model_name, target_config)
     drafter, config = load_drafter(directory, target_config, device, dtype)
     if spec.gamma is not None and spec.gamma != config.gamma:
         config = dataclasses.replace(config, gamma=spec.gamma)

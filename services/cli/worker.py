@@ -17,6 +17,7 @@ from services.cli.options import (
     engine_config_from_args,
     worker_options_from_args,
 )
+from services.cli.worker_checks import check_speculative, require_visible_gpus
 from services.workers.types import Role
 
 ROLE_NAMES: dict[str, Role] = {"prefill": "prefill", "decode": "decode", "colocated": "worker"}
@@ -36,6 +37,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="place the workers on the Ray node this command runs on (default: on; off: anywhere)",
     )
+    parser.add_argument(
+        "--require-gpus",
+        type=int,
+        default=0,
+        help="exit before loading anything unless torch sees at least this many GPUs (the Helm chart "
+        "sets the pod's GPU count; default: %(default)s, no requirement)",
+    )
+    parser.add_argument(
+        "--gpu-resource",
+        default="",
+        help="the Kubernetes resource the pod requested its GPUs as (e.g. amd.com/gpu), named when "
+        "--require-gpus fails",
+    )
     parser.add_argument("--log-level", default="info", help="debug, info, warning (default: %(default)s)")
     add_engine_options(parser)
     add_ray_options(parser, address_default="auto")
@@ -48,8 +62,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.replicas < 1:
         raise SystemExit("dspark-serve worker: --replicas must be >= 1")
-    connect_ray(args.ray_address, args.namespace)
+    require_visible_gpus(args.require_gpus, args.gpu_resource)
     engine_config = engine_config_from_args(args)
+    check_speculative(engine_config)
+    connect_ray(args.ray_address, args.namespace)
     role = ROLE_NAMES[args.role]
     handles = spawn_workers(
         role,

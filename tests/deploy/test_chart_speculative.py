@@ -51,9 +51,7 @@ def test_unquoted_on_and_off_are_modes(mode: object, rendered: str) -> None:
     assert worker_env(ds.render({"speculative": {"mode": mode}}), "decode")["DSPARK_SPECULATIVE"] == rendered
 
 
-@pytest.mark.parametrize(
-    "speculative", [{"mode": "sometimes"}, {"gamma": 0}, {"maxBatchSize": "4"}, {"drafters": "x"}]
-)
+@pytest.mark.parametrize("speculative", [{"mode": "sometimes"}, {"gamma": 0}, {"maxBatchSize": "4"}, {"drafters": "x"}])
 def test_schema_rejects_bad_speculative_values(speculative: dict[str, Any]) -> None:
     import helm_python
 
