@@ -61,9 +61,10 @@ def test_multi_stage_on_a_rocm_base_by_default() -> None:
     assert [s[0][1] for s in all_stages] == ["${BASE_IMAGE} AS build", "${BASE_IMAGE} AS runtime"]
     (default,) = [rest for word, rest in instructions() if word == "ARG" and rest.startswith("BASE_IMAGE=")]
     assert default.startswith("BASE_IMAGE=docker.io/rocm/pytorch:rocm7")
-    # The runtime stage takes only the wheel from the build stage, never the source tree.
+    # The runtime stage takes the wheel from the build stage and the dependency lock it installs
+    # through, never the source tree.
     runtime_copies = [rest for word, rest in all_stages[-1] if word == "COPY"]
-    assert runtime_copies == ["--from=build /wheels /tmp/wheels"]
+    assert runtime_copies == ["--from=build /wheels /tmp/wheels", "requirements.lock /tmp/requirements.lock"]
 
 
 def test_one_entry_point_for_every_role() -> None:
@@ -101,9 +102,11 @@ def test_dockerignore_allows_only_the_build_inputs() -> None:
     assert patterns[0] == "*"
     assert {p for p in patterns if p.startswith("!")} == {
         "!pyproject.toml",
+        "!requirements.lock",
         "!README.md",
         "!engine/",
         "!services/",
+        "!training/",
     }
     assert "**/*.gguf" in patterns
     copied_sources = {rest.split()[0] for word, rest in stages()[0] if word == "COPY"}
