@@ -110,7 +110,7 @@ def test_dockerignore_allows_only_the_build_inputs() -> None:
     }
     assert "**/*.gguf" in patterns
     copied_sources = {rest.split()[0] for word, rest in stages()[0] if word == "COPY"}
-    assert copied_sources == {"pyproject.toml", "engine", "services"}
+    assert copied_sources == {"pyproject.toml", "engine", "services", "training"}
 
 
 @pytest.mark.parametrize(
