@@ -1,8 +1,10 @@
 """`dspark-serve planner`: resize the prefill and decode worker groups from TTFT/TPOT.
 
 Every --interval-s: read the signals from Prometheus, decide per group
-(services/planner/policy.py), patch the RayCluster's worker-group replicas. A failed read or
-patch is logged and the groups are held until the next interval.
+(services/planner/policy.py), patch the RayCluster's worker-group replicas. A decrease first
+drains the least-loaded workers, reached through --ray-address, and removes exactly those
+(services/planner/drain.py); without --ray-address decreases are held. A failed read or patch
+is logged and the groups are held until the next interval.
 """
 
 from __future__ import annotations
@@ -41,6 +43,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="Kubernetes API URL, without credentials (default: in-cluster config, else kubeconfig)",
     )
+    sources.add_argument(
+        "--ray-address",
+        default="",
+        help="Ray Client address of the cluster (ray://<head>:10001), to pick and drain the workers a "
+        "decrease removes (default: none; decreases are held)",
+    )
+    sources.add_argument(
+        "--ray-namespace", default="dspark", help="Ray namespace of the workers (default: %(default)s)"
+    )
+    sources.add_argument("--deployment", default="dspark", help="name prefix of the worker actors (default: dspark)")
     sources.add_argument("--prefill-group", default="prefill", help="prefill worker group (default: prefill)")
     sources.add_argument("--decode-group", default="decode", help="decode worker group (default: decode)")
 
@@ -100,6 +112,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     loop.add_argument(
         "--interval-s", type=float, default=30.0, help="seconds between evaluations (default: %(default)s)"
     )
+    loop.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        default=600.0,
+        help="remove drained workers after this even if they still hold requests (default: %(default)s)",
+    )
     loop.add_argument("--once", action="store_true", help="one evaluation, then exit (status 1 if it failed)")
     loop.add_argument("--dry-run", action="store_true", help="log the decisions, patch nothing")
     loop.add_argument("--log-level", default="info", help="debug, info, warning (default: %(default)s)")
@@ -127,10 +145,12 @@ def policy_config_from_args(args: argparse.Namespace) -> PolicyConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from services.planner.drain import Downscaler, WorkerDirectoryError
     from services.planner.kube import RayClusterError, RayClusterScaler, custom_objects_api
     from services.planner.loop import GroupNames, evaluate
     from services.planner.policy import PlannerState
     from services.planner.prometheus import PrometheusError, PrometheusReader, SignalQueries
+    from services.planner.ray_workers import RayWorkerDirectory
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -146,6 +166,11 @@ def run(args: argparse.Namespace) -> int:
     reader = PrometheusReader(args.prometheus_url, queries)
     scaler = RayClusterScaler(custom_objects_api(args.kube_host), args.kube_namespace, args.raycluster)
     groups = GroupNames(args.prefill_group, args.decode_group)
+    downscaler = (
+        Downscaler(RayWorkerDirectory(args.ray_address, args.ray_namespace, args.deployment), args.drain_timeout_s)
+        if args.ray_address
+        else None
+    )
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -161,9 +186,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         while True:
             try:
-                _, state = evaluate(config, reader, scaler, groups, state, time.monotonic(), dry_run=args.dry_run)
+                _, state = evaluate(
+                    config,
+                    reader,
+                    scaler,
+                    groups,
+                    state,
+                    time.monotonic(),
+                    downscaler=downscaler,
+                    dry_run=args.dry_run,
+                )
                 failed = False
-            except (PrometheusError, RayClusterError) as exc:
+            except (PrometheusError, RayClusterError, WorkerDirectoryError) as exc:
                 log.warning("holding: %s", exc)
                 failed = True
             if args.once:

@@ -92,6 +92,10 @@ class Replica:
     up: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
+    @property
+    def draining(self) -> bool:
+        return self.stats is not None and self.stats.draining
+
     def load(self, max_queued: int | None, max_inflight: int | None = None) -> ReplicaLoad:
         batch = self.info.max_num_seqs if self.info else 1
         capacity = batch + (batch if max_queued is None else max_queued)
@@ -100,7 +104,8 @@ class Replica:
         engine = self.stats.engine if self.stats else None
         return ReplicaLoad(
             replica_id=self.replica_id,
-            healthy=self.healthy,
+            # a draining worker serves what it holds but is offered nothing new
+            healthy=self.healthy and not self.draining,
             inflight=self.inflight,
             capacity=capacity,
             num_running=getattr(engine, "num_running", 0),

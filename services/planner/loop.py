@@ -1,12 +1,13 @@
-"""One planner evaluation: read the signals, decide, patch the RayCluster."""
+"""One planner evaluation: read the signals, decide, resize the RayCluster's worker groups."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
 
+from services.planner.drain import Downscaler
 from services.planner.kube import RayClusterScaler, ReplicaChange
-from services.planner.policy import Plan, PlannerState, PolicyConfig, Role, Signals, decide
+from services.planner.policy import ROLES, Plan, PlannerState, PolicyConfig, Role, Signals, decide
 from services.planner.prometheus import PrometheusReader
 
 log = logging.getLogger(__name__)
@@ -29,10 +30,18 @@ def evaluate(
     state: PlannerState,
     now_s: float,
     *,
+    downscaler: Downscaler | None = None,
     dry_run: bool = False,
 ) -> tuple[Plan, PlannerState]:
-    """Raises PrometheusError or RayClusterError when a side cannot be reached; the caller
-    holds and tries again at the next interval."""
+    """Increases are patched at once; a decrease drains its victims first and removes them at a
+    later evaluation (services/planner/drain.py). Without a `downscaler` (no way to reach the
+    workers) decreases are held: KubeRay would delete random, busy pods.
+
+    Raises PrometheusError or RayClusterError when a side cannot be reached; the caller holds
+    and tries again at the next interval."""
+    if downscaler is not None and not dry_run:
+        for note in downscaler.finish(scaler, {role: groups.of(role) for role in ROLES}, now_s):
+            log.info("%s", note)
     signals: Signals = reader.read()
     current = scaler.worker_groups((groups.prefill, groups.decode))
     replicas: dict[Role, int] = {
@@ -42,9 +51,18 @@ def evaluate(
     plan, next_state = decide(config, signals, replicas, now_s, state)
     for decision in plan.decisions():
         log.info("%s%s", "[dry run] " if dry_run and decision.changed else "", decision)
-    changed = [d for d in plan.decisions() if d.changed]
-    if changed and not dry_run:
-        scaler.set_replicas({groups.of(d.role): ReplicaChange(d.target, d.reason) for d in changed})
-    # A dry run carries the state on as if the plan had been applied, so its log shows the
-    # cool-downs the real planner would observe.
+    if dry_run:
+        # The state carries on as if the plan had been applied, so the log shows the
+        # cool-downs the real planner would observe.
+        return plan, next_state
+    ups = {groups.of(d.role): ReplicaChange(d.target, d.reason) for d in plan.decisions() if d.target > d.current}
+    if ups:
+        scaler.set_replicas(ups)
+    for decision in plan.decisions():
+        if decision.target < decision.current:
+            if downscaler is None:
+                log.warning("%s: decrease held: the planner cannot reach the workers to drain them", decision.role)
+            else:
+                count = decision.current - decision.target
+                log.info("%s", downscaler.begin(decision.role, count, decision.reason, now_s))
     return plan, next_state

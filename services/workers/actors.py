@@ -101,6 +101,9 @@ class _EngineWorker:
     async def ping(self) -> str:
         return self._loop.instance_id
 
+    async def drain(self) -> None:
+        self._loop.drain()
+
 
 @ray.remote
 class Worker(_EngineWorker):

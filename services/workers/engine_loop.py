@@ -18,6 +18,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import queue
+import socket
 import threading
 import time
 import uuid
@@ -78,6 +79,7 @@ class EngineLoop:
             eos_token_ids=tuple(getattr(engine.tokenizer, "eos_token_ids", ())),
             speculative=speculative,
             kv_transfer=transfer.name,
+            host=socket.gethostname(),
         )
         self._consumer_lease_s = consumer_lease_s
         self._idle_wait_s = idle_wait_s
@@ -93,6 +95,7 @@ class EngineLoop:
         self._receiving: dict[str, str] = {}
         self._receive_cancelled: set[str] = set()
         self.fatal_error: BaseException | None = None
+        self.draining = False
         self._stats = StatsSnapshot(self.instance_id, engine.stats(), 0, True)
         self._stats_every_s = 0.02
         self._last_stats_s = 0.0
@@ -115,6 +118,14 @@ class EngineLoop:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive() and self.fatal_error is None
+
+    def drain(self) -> None:
+        """Take no new requests from now on and finish the ones held. The flag travels in the
+        stats, from which every gateway's pool stops routing here; requests a gateway already
+        routed here are still served. There is no way back: a drained worker is removed."""
+        self.draining = True
+        self._last_stats_s = 0.0
+        self._wake.set()
 
     # -- thread-safe commands ---------------------------------------------------------------
 
@@ -226,18 +237,19 @@ class EngineLoop:
         if force or now - self._last_stats_s >= self._stats_every_s:
             self._last_stats_s = now
             stats = self.engine.stats()
-            pending = self._pending_handoffs(stats)
+            with self._receive_lock:
+                receiving = len(self._receiving)
+            pending = self._pending_handoffs(stats, receiving)
             if pending:
                 stats = dataclasses.replace(stats, num_waiting=stats.num_waiting + pending)
-            self._stats = StatsSnapshot(self.instance_id, stats, self.outbox.num_consumers(), True)
+            held = len(self.engine.requests) + receiving
+            self._stats = StatsSnapshot(self.instance_id, stats, self.outbox.num_consumers(), True, self.draining, held)
 
-    def _pending_handoffs(self, stats: EngineStats) -> int:
+    def _pending_handoffs(self, stats: EngineStats, receiving: int) -> int:
         """Hand-offs accepted by this worker that wait for a decode slot, counted as waiting:
         KV still being fetched (receive_kv), and installed requests the engine holds in neither
         scheduler queue yet (its hand-off queue). On a prefill worker the held requests are
         finished prefills waiting for a decode worker to take them: not waiting here."""
-        with self._receive_lock:
-            receiving = len(self._receiving)
         if self.role == "prefill":
             return receiving
         queued = len(self.engine.requests) - stats.num_running - stats.num_waiting

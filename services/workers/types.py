@@ -30,6 +30,7 @@ class WorkerInfo:
     eos_token_ids: tuple[int, ...]
     speculative: bool
     kv_transfer: str  # name of the KVTransfer implementation this worker uses
+    host: str = ""  # hostname of the worker's node: the pod name under Kubernetes
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,8 @@ class StatsSnapshot:
     engine: EngineStats
     num_consumers: int
     step_loop_alive: bool
+    draining: bool = False  # takes no new requests: gateways route none to it (drain())
+    num_held: int = 0  # requests the worker holds in any state; 0 once a drained worker is empty
 
 
 def error_output(request_id: str, message: str) -> RequestOutput:

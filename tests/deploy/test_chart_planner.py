@@ -41,3 +41,14 @@ def test_metrics_selector_override() -> None:
     env = planner_env({"planner": {"metricsSelector": 'cluster="eu-1",job="dspark"'}})
     assert env["DSPARK_METRICS_SELECTOR"] == 'cluster="eu-1",job="dspark"'
     assert all('cluster="eu-1",job="dspark"' in q for q in queries_from(env))
+
+
+def test_planner_reaches_the_workers_to_drain_them() -> None:
+    docs = ds.render({"rayCluster": {"authToken": {"existingSecret": "ray-token"}}})
+    planner = ds.one(docs, "Deployment", "-planner")["spec"]["template"]["spec"]["containers"][0]
+    env = ds.env_of(planner)
+    cluster = ds.one(docs, "RayCluster")["metadata"]["name"]
+    assert env["DSPARK_RAY_ADDRESS"] == f"ray://{cluster}-head-svc:10001"
+    assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN"]["secretKeyRef"]["name"] == "ray-token"
+    args = build_parser({"DSPARK_RAY_ADDRESS": env["DSPARK_RAY_ADDRESS"]}).parse_args(["planner"])
+    assert args.ray_address == env["DSPARK_RAY_ADDRESS"]

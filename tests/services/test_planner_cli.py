@@ -35,7 +35,7 @@ def test_loop_holds_and_exits_cleanly_on_sigterm() -> None:
     )
     try:
         assert process.stdout is not None
-        lines = []
+        lines: list[str] = []
         deadline = time.monotonic() + 30
         while not any("holding:" in line for line in lines):  # the loop is running
             assert time.monotonic() < deadline and process.poll() is None, "".join(lines)

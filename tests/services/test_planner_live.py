@@ -63,6 +63,21 @@ class Exporter:
             tpot.observe(tpot_s)
 
 
+class IdlePods:
+    """Three idle worker pods per group, as their workers would report them."""
+
+    def __init__(self) -> None:
+        self.drained: set[str] = set()
+
+    def loads(self, role: str) -> list[Any]:
+        from services.planner.drain import PodLoad
+
+        return [PodLoad(f"{role}-{i}", 0, f"{role}-{i}" in self.drained) for i in range(3)]
+
+    def drain(self, role: str, pods: Any) -> None:
+        self.drained |= set(pods)
+
+
 def raycluster() -> dict[str, Any]:
     return {
         "apiVersion": "ray.io/v1",
@@ -106,6 +121,7 @@ def test_planner_scales_prefill_up_on_ttft_then_down_after_cooldown(
     stack: tuple[Exporter, Any, StrictKubeApi],
 ) -> None:
     from services.cli import main
+    from services.planner.drain import Downscaler
     from services.planner.kube import RayClusterScaler, custom_objects_api
     from services.planner.loop import GroupNames, evaluate
     from services.planner.policy import GroupLimits, GroupState, PlannerState, PolicyConfig
@@ -143,6 +159,8 @@ def test_planner_scales_prefill_up_on_ttft_then_down_after_cooldown(
     )
     reader = PrometheusReader(prometheus.url, SignalQueries(model=MODEL, window=window))
     scaler = RayClusterScaler(custom_objects_api(kube.url), NAMESPACE, CLUSTER)
+    pods = IdlePods()
+    downscaler = Downscaler(pods)  # type: ignore[arg-type]
     # As the long-running loop would have it after the scale-up above: its cool-down running.
     state = PlannerState(prefill=GroupState(last_scale_up_s=time.monotonic()))
     seen: list[str] = []
@@ -151,13 +169,16 @@ def test_planner_scales_prefill_up_on_ttft_then_down_after_cooldown(
         while replicas(kube)["prefill"] == 3:
             assert time.monotonic() - start < 30, f"prefill never scaled down: {seen}"
             exporter.observe(ttft_s=0.05, tpot_s=0.01, count=20)
-            plan, state = evaluate(config, reader, scaler, GroupNames(), state, time.monotonic())
+            plan, state = evaluate(config, reader, scaler, GroupNames(), state, time.monotonic(), downscaler=downscaler)
             seen.append(str(plan.prefill))
             assert not plan.decode.changed  # already at its minimum
             time.sleep(0.5)
     finally:
         reader.close()
     assert replicas(kube) == {"prefill": 2, "decode": 1}
+    # The idle pod drained first is the one named for deletion.
+    spec = kube.get(RAYCLUSTERS, NAMESPACE, CLUSTER)["spec"]["workerGroupSpecs"][0]
+    assert spec["scaleStrategy"]["workersToDelete"] == ["prefill-0"] and pods.drained == {"prefill-0"}
     assert {r.content_type for r in kube.patches()} == {JSON_PATCH}
     # The step down came only after a calm stretch of the cool-down.
     assert any("scale-down cool-down" in reason for reason in seen), seen
