@@ -145,7 +145,7 @@ def policy_config_from_args(args: argparse.Namespace) -> PolicyConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.planner.drain import Downscaler, WorkerDirectoryError
+    from services.planner.drain import Downscaler
     from services.planner.kube import RayClusterError, RayClusterScaler, custom_objects_api
     from services.planner.loop import GroupNames, evaluate
     from services.planner.policy import PlannerState
@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
                     dry_run=args.dry_run,
                 )
                 failed = False
-            except (PrometheusError, RayClusterError, WorkerDirectoryError) as exc:
+            except (PrometheusError, RayClusterError) as exc:
                 log.warning("holding: %s", exc)
                 failed = True
             if args.once:

@@ -12,7 +12,9 @@ A decrease of a group goes in two steps, at least one evaluation apart:
 
 A drain that has begun always ends in removal: a drained worker takes no traffic again, so if
 load returns the policy scales the group up afterwards. While a group drains, further
-decreases of it wait; increases go through.
+decreases of it wait; increases go through. Drains live in the planner's memory; the first
+evaluation of a planner process takes over the pods it finds draining (a previous process, or
+the previous `--once` run, began them).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class Downscaler:
         self.directory = directory
         self.drain_timeout_s = drain_timeout_s
         self.pending: dict[Role, Drain] = {}
+        self._adopted = False
 
     def begin(self, role: Role, count: int, reason: str, now_s: float) -> str:
         """Drain `count` pods of `role` (unless the role drains already); what was done."""
@@ -83,6 +86,12 @@ class Downscaler:
     def finish(self, scaler: RayClusterScaler, groups: dict[Role, str], now_s: float) -> list[str]:
         """Remove the victims of every drain that is done; what was done or is awaited."""
         notes: list[str] = []
+        if not self._adopted:
+            for role in groups:
+                draining = tuple(p.pod for p in self.directory.loads(role) if p.draining)
+                if draining and role not in self.pending:
+                    self.pending[role] = Drain(draining, now_s, "drained before this planner started")
+            self._adopted = True
         for role, drain in list(self.pending.items()):
             held = {p.pod: p.held for p in self.directory.loads(role)}
             # a victim that is gone already must not count: KubeRay would delete another pod for it

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from services.planner.drain import Downscaler
+from services.planner.drain import Downscaler, WorkerDirectoryError
 from services.planner.kube import RayClusterScaler, ReplicaChange
 from services.planner.policy import ROLES, Plan, PlannerState, PolicyConfig, Role, Signals, decide
 from services.planner.prometheus import PrometheusReader
@@ -38,10 +38,13 @@ def evaluate(
     workers) decreases are held: KubeRay would delete random, busy pods.
 
     Raises PrometheusError or RayClusterError when a side cannot be reached; the caller holds
-    and tries again at the next interval."""
+    and tries again at the next interval. Workers that cannot be reached hold only decreases."""
     if downscaler is not None and not dry_run:
-        for note in downscaler.finish(scaler, {role: groups.of(role) for role in ROLES}, now_s):
-            log.info("%s", note)
+        try:
+            for note in downscaler.finish(scaler, {role: groups.of(role) for role in ROLES}, now_s):
+                log.info("%s", note)
+        except WorkerDirectoryError as exc:
+            log.warning("decreases held: %s", exc)
     signals: Signals = reader.read()
     current = scaler.worker_groups((groups.prefill, groups.decode))
     replicas: dict[Role, int] = {
@@ -64,5 +67,8 @@ def evaluate(
                 log.warning("%s: decrease held: the planner cannot reach the workers to drain them", decision.role)
             else:
                 count = decision.current - decision.target
-                log.info("%s", downscaler.begin(decision.role, count, decision.reason, now_s))
+                try:
+                    log.info("%s", downscaler.begin(decision.role, count, decision.reason, now_s))
+                except WorkerDirectoryError as exc:
+                    log.warning("%s: decrease held: %s", decision.role, exc)
     return plan, next_state

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from services.gateway.pool import Replica
-from services.planner.drain import Downscaler, PodLoad, choose_victims
+from services.planner.drain import Downscaler, PodLoad, WorkerDirectoryError, choose_victims
 from services.planner.kube import RayClusterScaler, custom_objects_api
 from services.planner.loop import GroupNames, evaluate
 from services.planner.policy import GroupLimits, PlannerState, PolicyConfig, Role, Signals
@@ -174,3 +174,34 @@ def test_worker_drain_reaches_its_stats_and_the_pool_stops_routing_to_it() -> No
     assert replica.load(None).healthy
     replica.stats = stats
     assert not replica.load(None).healthy and replica.healthy  # still polled, offered nothing new
+
+
+def test_a_new_planner_takes_over_pods_left_draining(cluster: tuple[Cluster, StrictKubeApi, RayClusterScaler]) -> None:
+    """`--once` runs, or a restart: the drain begun by one process is finished by the next."""
+    pods, kube, scaler = cluster
+    run(DECODE_IDLE, scaler, Downscaler(pods), PlannerState(), 0.0)
+    assert pods.drained == {"d-b"} and not kube.patches()
+    pods.pods["decode"]["d-b"] = 0
+    run(DECODE_IDLE, scaler, Downscaler(pods), PlannerState(), 100.0)
+    assert pods.deleted == [("d-b", True)] and decode_replicas(kube) == 2
+
+
+class Unreachable:
+    def loads(self, role: Role) -> list[PodLoad]:
+        raise WorkerDirectoryError("ray://head:10001 did not answer")
+
+    def drain(self, role: Role, pods: Sequence[str]) -> None:
+        raise AssertionError("never reached")
+
+
+def test_unreachable_workers_hold_decreases_only(cluster: tuple[Cluster, StrictKubeApi, RayClusterScaler]) -> None:
+    _, kube, scaler = cluster
+    downscaler = Downscaler(Unreachable())
+    run(DECODE_IDLE, scaler, downscaler, PlannerState(), 0.0)
+    assert not kube.patches()
+    busy = Signals(5.0, None, 0.0, 0.0, 0.1, 0.0)  # TTFT breach: prefill goes up, decode would go down
+    run(busy, scaler, downscaler, PlannerState(), 1.0)
+    spec = {
+        g["groupName"]: g["replicas"] for g in kube.get(RAYCLUSTERS, NAMESPACE, CLUSTER)["spec"]["workerGroupSpecs"]
+    }
+    assert spec == {"prefill": 4, "decode": 3}
