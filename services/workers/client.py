@@ -58,10 +58,6 @@ class WorkerClient(abc.ABC):
     @abc.abstractmethod
     async def stats(self, timeout_s: float) -> StatsSnapshot: ...
 
-    @abc.abstractmethod
-    async def drain(self, timeout_s: float) -> None:
-        """The worker takes no new requests and finishes what it holds (EngineLoop.drain)."""
-
     def close(self) -> None:  # noqa: B027 (optional)
         """Release what the client holds (the in-process engine for a local client)."""
 
@@ -125,9 +121,6 @@ class RayWorkerClient(WorkerClient):
     async def stats(self, timeout_s: float) -> StatsSnapshot:
         return await self._call("stats", timeout_s=timeout_s)
 
-    async def drain(self, timeout_s: float) -> None:
-        await self._call("drain", timeout_s=timeout_s)
-
 
 class LocalWorkerClient(WorkerClient):
     """An EngineLoop in this process (no Ray)."""
@@ -179,10 +172,6 @@ class LocalWorkerClient(WorkerClient):
     async def stats(self, timeout_s: float) -> StatsSnapshot:
         self._check()
         return self.loop.stats()
-
-    async def drain(self, timeout_s: float) -> None:
-        self._check()
-        self.loop.drain()
 
     def close(self) -> None:
         self.loop.shutdown()
