@@ -15,6 +15,38 @@ from typing import Literal
 RopeKind = Literal["default", "linear", "dynamic", "llama3", "yarn"]
 
 
+def check_positive(config: object, names: tuple[str, ...]) -> None:
+    """ValueError naming the first field of `names` that is not > 0."""
+    for name in names:
+        if getattr(config, name) <= 0:
+            raise ValueError(f"{type(config).__name__}.{name} must be positive, got {getattr(config, name)}")
+
+
+class AttentionHeads:
+    """What ModelConfig and DrafterConfig derive alike from their attention heads (their own
+    dataclass fields; this base declares them only for the methods below)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def check_head_groups(self) -> None:
+        """ValueError unless the query heads split evenly into groups of one kv head each (GQA)."""
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"{type(self).__name__}.num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+
+
 @dataclass(frozen=True)
 class RopeScaling:
     """RoPE frequency scaling as real checkpoints declare it (`rope_scaling` in config.json)."""
@@ -37,7 +69,7 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(AttentionHeads):
     """Shape and behaviour of a Llama-family decoder (Llama 2/3, Mistral, SmolLM2, Qwen2/3)."""
 
     architecture: str  # registry key, e.g. "llama", "qwen3"
@@ -62,28 +94,20 @@ class ModelConfig:
     weight_dtype: str = "float32"  # dtype the checkpoint was stored in (informational)
 
     def __post_init__(self) -> None:
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-            "head_dim",
-            "max_position",
-        ):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
-
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
+        check_positive(
+            self,
+            (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_layers",
+                "num_heads",
+                "num_kv_heads",
+                "head_dim",
+                "max_position",
+            ),
+        )
+        self.check_head_groups()
 
     def replace(self, **changes: object) -> ModelConfig:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -92,7 +92,28 @@ def _target_is_cpu(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return False
 
 
-class _FunctionChecks(TorchFunctionMode):
+class _Checks:
+    """What both modes do with an intercepted op: unless a permitted wait is in progress, fail
+    if its key is in `simple` (ops that always wait) or if `_check_args` finds that these
+    arguments make it wait; then run it."""
+
+    guard: SyncGuard
+    simple: dict[Any, tuple[str, tuple[str, str]]]  # key -> (op, (why, fix))
+
+    def _run_checked(self, func: Any, key: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Any:
+        kwargs = kwargs or {}
+        if not self.guard.suspended:
+            found = self.simple.get(key)
+            if found is not None:
+                _fail(found[0], *found[1])
+            self._check_args(func, args, kwargs)
+        return func(*args, **kwargs)
+
+    def _check_args(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+class _FunctionChecks(_Checks, TorchFunctionMode):
     """Python-level entry points: reads that bypass the dispatcher, and clearer names for
     ops the dispatch mode would also catch."""
 
@@ -134,15 +155,9 @@ class _FunctionChecks(TorchFunctionMode):
     def __torch_function__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
-        kwargs = kwargs or {}
-        if not self.guard.suspended:
-            self._check(func, args, kwargs)
-        return func(*args, **kwargs)
+        return self._run_checked(func, func, args, kwargs)
 
-    def _check(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        found = self.simple.get(func)
-        if found is not None:
-            _fail(found[0], *found[1])
+    def _check_args(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if func is torch.Tensor.to and not kwargs.get("non_blocking", False) and _target_is_cpu(args, kwargs):
             _fail('.to("cpu")', *_COPY_BACK)
         if func is torch.where and len(args) + len(kwargs) == 1:
@@ -159,7 +174,7 @@ def _packet(name: str) -> Any:
     return getattr(torch.ops.aten, name, None)
 
 
-class _DispatchChecks(TorchDispatchMode):
+class _DispatchChecks(_Checks, TorchDispatchMode):
     """Every aten op that would block on a GPU, whatever Python route reached it."""
 
     _SIMPLE = {
@@ -195,16 +210,10 @@ class _DispatchChecks(TorchDispatchMode):
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
     ) -> Any:
-        kwargs = kwargs or {}
-        if not self.guard.suspended:
-            self._check(func, args, kwargs)
-        return func(*args, **kwargs)
+        return self._run_checked(func, func.overloadpacket, args, kwargs)
 
-    def _check(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _check_args(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         packet = func.overloadpacket
-        found = self.simple.get(packet)
-        if found is not None:
-            _fail(found[0], *found[1])
         if packet in self.indexing and any(_is_bool_index(i) for i in _indices(args, kwargs)):
             _fail("boolean-mask indexing (tensor[mask])", *_DATA_SHAPE)
         if packet in self.index_put and any(_is_bool_index(i) for i in _indices(args, kwargs)):

@@ -25,8 +25,9 @@ from engine.distributed.layers import (
 )
 from engine.kernels.rope import RotaryAngles
 from engine.models.context import ForwardContext
-from engine.models.layers import RMSNorm, RotaryEmbedding
+from engine.models.layers import RMSNorm
 from engine.models.registry import register_model
+from engine.models.rotary import rotary_embedding
 
 
 class LlamaAttention(nn.Module):
@@ -107,13 +108,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         # One cos/sin cache; the forward gathers it at its positions once for every layer.
-        self.rotary_emb = RotaryEmbedding(
-            config.head_dim,
-            config.rope_dim or config.head_dim,
-            config.max_position,
-            config.rope_theta,
-            config.rope_scaling,
-        )
+        self.rotary_emb = rotary_embedding(config)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, layer_id) for layer_id in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

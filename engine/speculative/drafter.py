@@ -32,6 +32,7 @@ from engine.kernels.cpu.linear import PackableLinear
 from engine.kernels.kv_inject import inject_layer_kv
 from engine.models.context import ForwardContext, KVCaches
 from engine.models.layers import RMSNorm, RotaryEmbedding
+from engine.models.rotary import rotary_embedding
 from engine.sampling.rng import Stream, uniform
 from engine.speculative.drafter_config import DrafterConfig
 from engine.speculative.markov import ConfidenceHead, MarkovHead, markov_block
@@ -137,13 +138,7 @@ class DSparkDrafter(nn.Module):
         self.layers = nn.ModuleList(DrafterLayer(config, i) for i in range(num_layers))
         self._layer_list: list[DrafterLayer] = list(self.layers)  # type: ignore[arg-type]  # typed view
         self.norm = RMSNorm(hidden, config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(
-            config.head_dim,
-            config.rope_dim or config.head_dim,
-            config.max_position,
-            config.rope_theta,
-            config.rope_scaling,
-        )
+        self.rotary_emb = rotary_embedding(config)
         self.markov = MarkovHead(config.vocab_size, config.markov_rank)
         self.confidence = ConfidenceHead(hidden, config.markov_rank) if config.confidence_head else None
         # The target's modules, held in a tuple so they are neither parameters nor submodules.

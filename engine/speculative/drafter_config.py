@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import ModelConfig, RopeScaling
+from engine.config import AttentionHeads, ModelConfig, RopeScaling, check_positive
 
 DEFAULT_GAMMA = 7
 DEFAULT_MARKOV_RANK = 64
@@ -60,7 +60,7 @@ def default_mask_token_id(target: ModelConfig) -> int:
 
 
 @dataclass(frozen=True)
-class DrafterConfig:
+class DrafterConfig(AttentionHeads):
     # Target identity: a drafter is only valid for the target it was trained on.
     target_name: str
     target_vocab_size: int
@@ -89,26 +89,24 @@ class DrafterConfig:
             k = min(3, self.target_num_layers)
             object.__setattr__(self, "capture_layers", default_capture_layers(self.target_num_layers, k))
         object.__setattr__(self, "capture_layers", tuple(int(i) for i in self.capture_layers))
-        for name in (
-            "target_vocab_size",
-            "target_hidden_size",
-            "target_num_layers",
-            "gamma",
-            "num_heads",
-            "num_kv_heads",
-            "head_dim",
-            "intermediate_size",
-            "max_position",
-            "markov_rank",
-        ):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"DrafterConfig.{name} must be positive, got {getattr(self, name)}")
+        check_positive(
+            self,
+            (
+                "target_vocab_size",
+                "target_hidden_size",
+                "target_num_layers",
+                "gamma",
+                "num_heads",
+                "num_kv_heads",
+                "head_dim",
+                "intermediate_size",
+                "max_position",
+                "markov_rank",
+            ),
+        )
         if not 1 <= self.num_layers <= MAX_DRAFTER_LAYERS:
             raise ValueError(f"DrafterConfig.num_layers must be in [1, {MAX_DRAFTER_LAYERS}], got {self.num_layers}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"DrafterConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
-            )
+        self.check_head_groups()
         if not 0 <= self.mask_token_id < self.target_vocab_size:
             raise ValueError(
                 f"DrafterConfig.mask_token_id must be in [0, {self.target_vocab_size}), got {self.mask_token_id}"
@@ -144,14 +142,6 @@ class DrafterConfig:
     def window(self) -> int:
         """W: tokens per request in the target's verify forward (anchor + gamma drafts)."""
         return self.gamma + 1
-
-    @property
-    def q_size(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def kv_size(self) -> int:
-        return self.num_kv_heads * self.head_dim
 
     @classmethod
     def for_target(cls, target: ModelConfig, target_name: str, **overrides: Any) -> DrafterConfig:
