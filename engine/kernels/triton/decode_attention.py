@@ -5,7 +5,7 @@ rows fit one small tile: DSpark verify windows (W = gamma + 1 <= 16) and drafter
 One program owns (request b, kv head, split s): it loads all `extend * G` query rows that
 share the kv head (GQA: the G query heads of a kv head read each key once), walks its
 share of the request's keys through `req_to_token`, and keeps an fp32 online softmax
-(online_softmax.attend_keys, as the extend kernel does).
+(online_softmax.attend_tile, as the extend kernel does).
 A second kernel merges the splits by their log-sum-exp (Dao, Haziza, Massa, Sizov,
 "Flash-Decoding for long-context inference", 2023). With one split the first kernel writes
 the output itself.
@@ -21,16 +21,16 @@ Reference: engine.kernels.attention.paged_attention_torch.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import triton
 import triton.language as tl
 
 from engine.kernels.attention_metadata import AttentionMetadata
-from engine.kernels.triton.online_softmax import attend_keys, empty_state, normalize
-from engine.kernels.triton.paged_launch import paged_args, paged_constants, rows_per_request
-from engine.kernels.triton.query_rows import query_rows, row_offsets
+from engine.kernels.triton.online_softmax import attend_tile, normalize
 
+LOG2E = math.log2(math.e)
 MAX_SPLITS = 64
 MIN_SPLIT_TOKENS = 128  # below this a split is mostly launch and merge overhead
 # Query rows (extend * G) one program may hold; larger windows go to the extend kernel.
@@ -48,7 +48,10 @@ def _split_kv_kernel(
     extend_lens_ptr,
     q_start_ptr,
     out_ptr,
+    partial_o_ptr,  # [T, Hq, S, D] fp32, unused when DIRECT_OUT
+    partial_lse_ptr,  # [T, Hq, S] fp32 (log2 domain)
     scale_log2e,
+    num_splits,
     stride_qt,
     stride_qh,
     stride_kc_slot,
@@ -58,20 +61,17 @@ def _split_kv_kernel(
     stride_r2t,
     stride_ot,
     stride_oh,
-    partial_o_ptr,  # [T, Hq, S, D] fp32, unused when DIRECT_OUT
-    partial_lse_ptr,  # [T, Hq, S] fp32 (log2 domain)
-    num_splits,
     stride_pt,
     stride_ph,
     stride_ps,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
     BLOCK_R: tl.constexpr,  # query rows (extend j, head g) per program, >= 16 for tl.dot
     BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
     DIRECT_OUT: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -80,36 +80,53 @@ def _split_kv_kernel(
     seq_len = tl.load(seq_lens_ptr + req)
     extend_len = tl.load(extend_lens_ptr + req)
     q_first = tl.load(q_start_ptr + req).to(tl.int64)
-    slot_row_ptr = req_to_token_ptr + tl.load(req_rows_ptr + req).to(tl.int64) * stride_r2t
+    table_row = tl.load(req_rows_ptr + req).to(tl.int64)
     prefix_len = seq_len - extend_len
 
-    # every row of the request's extend, in one tile
-    token, head, query_j, row_valid = query_rows(tl.arange(0, BLOCK_R), kv_head, q_first, extend_len, GROUP)
+    rows = tl.arange(0, BLOCK_R)
+    query_j = rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    row_valid = query_j < extend_len
     dims = tl.arange(0, BLOCK_D)
     dim_valid = dims < HEAD_DIM
-    tile_valid = row_valid[:, None] & dim_valid[None, :]
-    q = tl.load(q_ptr + row_offsets(token, head, dims, stride_qt, stride_qh), mask=tile_valid, other=0.0)
+    token = q_first + query_j
+    q = tl.load(
+        q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
+        mask=row_valid[:, None] & dim_valid[None, :],
+        other=0.0,
+    )
 
     split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     kv_begin = split * split_len
     kv_end = tl.minimum(kv_begin + split_len, seq_len)
     last_key = prefix_len + query_j  # causal: the last key each row may see
 
-    acc, m_i, l_i = empty_state(BLOCK_R, BLOCK_D)
-    acc, m_i, l_i = attend_keys(
-        q, acc, m_i, l_i, kv_begin, kv_end, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
-        stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, last_key,
-        scale_log2e, BLOCK_N, True, CAUSAL, INPUT_PRECISION,
-    )  # fmt: skip
+    slot_row_ptr = req_to_token_ptr + table_row * stride_r2t
+    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for start in range(kv_begin, kv_end, BLOCK_N):
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
+            stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, last_key, kv_end,
+            scale_log2e, BLOCK_N, True, CAUSAL, INPUT_PRECISION,
+        )  # fmt: skip
 
     o = normalize(acc, l_i)
     if DIRECT_OUT:
-        out = out_ptr + row_offsets(token, head, dims, stride_ot, stride_oh)
-        tl.store(out, o.to(out_ptr.dtype.element_ty), mask=tile_valid)
+        tl.store(
+            out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=row_valid[:, None] & dim_valid[None, :],
+        )
     else:
         partial = token * stride_pt + head * stride_ph + split * stride_ps
         empty = l_i == 0.0  # an empty split, or a row whose visible keys all lie in other splits
-        tl.store(partial_o_ptr + partial[:, None] * HEAD_DIM + dims[None, :], o, mask=tile_valid)
+        tl.store(
+            partial_o_ptr + partial[:, None] * HEAD_DIM + dims[None, :],
+            o,
+            mask=row_valid[:, None] & dim_valid[None, :],
+        )
         lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
         tl.store(partial_lse_ptr + partial, lse, mask=row_valid)
 
@@ -166,7 +183,8 @@ def num_kv_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch
 
 def split_kv_rows(meta: AttentionMetadata, group: int) -> int:
     """Query rows one split-KV program holds for this forward (extend * G)."""
-    return rows_per_request(meta) * group
+    rows_per_req = meta.uniform_extend if meta.uniform_extend is not None else meta.max_extend_len
+    return rows_per_req * group
 
 
 def decode_attention(
@@ -193,7 +211,7 @@ def decode_attention(
         num_splits = num_kv_splits(batch, num_kv_heads, meta.max_seq_len, q.device)
     if block_n is None:
         block_n = 64 if head_dim <= 128 else 32
-    constants = paged_constants(q, k_cache, meta)
+    block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs K >= 16
     direct = num_splits == 1
     if direct:
         partial_o = partial_lse = q.new_empty(1, dtype=torch.float32)  # placeholder, never touched
@@ -202,18 +220,41 @@ def decode_attention(
         partial_o = torch.empty(num_tokens, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         partial_lse = torch.empty(num_tokens, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
         stride_pt, stride_ph, stride_ps = partial_lse.stride()
+    precision = "ieee" if q.dtype == torch.float32 else None  # None: the target default (tf32 is not on ROCm)
     _split_kv_kernel[(batch, num_kv_heads, num_splits)](
-        *paged_args(q, k_cache, v_cache, meta, scale, out),
+        q,
+        k_cache,
+        v_cache,
+        meta.req_to_token,
+        meta.req_rows,
+        meta.seq_lens,
+        meta.extend_lens,
+        meta.q_start,
+        out,
         partial_o,
         partial_lse,
+        scale * LOG2E,
         num_splits,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        meta.req_to_token.stride(0),
+        out.stride(0),
+        out.stride(1),
         stride_pt,
         stride_ph,
         stride_ps,
-        **constants,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
         BLOCK_R=max(16, triton.next_power_of_2(rows)),
         BLOCK_N=block_n,
+        CAUSAL=meta.causal,
         DIRECT_OUT=direct,
+        INPUT_PRECISION=precision,
         num_warps=4,
         num_stages=2,
     )
@@ -229,7 +270,7 @@ def decode_attention(
             out.stride(0),
             out.stride(1),
             HEAD_DIM=head_dim,
-            BLOCK_D=constants["BLOCK_D"],
+            BLOCK_D=block_d,
             BLOCK_S=triton.next_power_of_2(num_splits),
             num_warps=4,
         )

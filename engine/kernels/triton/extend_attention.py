@@ -3,8 +3,8 @@
 One program owns (request b, kv head, block of BLOCK_M query rows). A row is a pair
 (query j, head g) of the G query heads that share the kv head, laid `j * G + g`, so each
 key tile loaded through `req_to_token` serves all G heads (GQA) and a short extend still
-fills the tile. FlashAttention-2 style online softmax in fp32 (Dao, 2023; the key walk is
-online_softmax.attend_keys): keys every row of the block may see are walked first without
+fills the tile. FlashAttention-2 style online softmax in fp32 (Dao, 2023; the tile update is
+online_softmax.attend_tile): keys every row of the block may see are walked first without
 masks; the causal diagonal (and the ragged end of the request) is walked after, masked.
 
 The grid is (B, Hkv, cdiv(max_extend_len * G, BLOCK_M)) from host bounds; programs past a
@@ -15,14 +15,16 @@ Reference: engine.kernels.attention.paged_attention_torch.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 
 from engine.kernels.attention_metadata import AttentionMetadata
-from engine.kernels.triton.online_softmax import attend_keys, empty_state, normalize
-from engine.kernels.triton.paged_launch import paged_args, paged_constants, rows_per_request
-from engine.kernels.triton.query_rows import query_rows, row_offsets
+from engine.kernels.triton.online_softmax import attend_tile, normalize
+
+LOG2E = math.log2(math.e)
 
 
 @triton.jit
@@ -49,10 +51,10 @@ def _extend_kernel(
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -67,11 +69,17 @@ def _extend_kernel(
     prefix_len = seq_len - extend_len
 
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-    token, head, query_j, row_valid = query_rows(rows, kv_head, q_first, extend_len, GROUP)
+    query_j = rows // GROUP
+    head = kv_head * GROUP + rows % GROUP
+    row_valid = query_j < extend_len
     dims = tl.arange(0, BLOCK_D)
     dim_valid = dims < HEAD_DIM
-    tile_valid = row_valid[:, None] & dim_valid[None, :]
-    q = tl.load(q_ptr + row_offsets(token, head, dims, stride_qt, stride_qh), mask=tile_valid, other=0.0)
+    token = q_first + query_j
+    q = tl.load(
+        q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
+        mask=row_valid[:, None] & dim_valid[None, :],
+        other=0.0,
+    )
 
     last_key = prefix_len + query_j
     if CAUSAL:
@@ -85,21 +93,28 @@ def _extend_kernel(
         kv_end = seq_len
     unmasked_end = (unmasked_end // BLOCK_N) * BLOCK_N
 
-    acc, m_i, l_i = empty_state(BLOCK_M, BLOCK_D)
-    acc, m_i, l_i = attend_keys(
-        q, acc, m_i, l_i, 0, unmasked_end, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
-        stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, last_key,
-        scale_log2e, BLOCK_N, False, CAUSAL, INPUT_PRECISION,
-    )  # fmt: skip
-    acc, m_i, l_i = attend_keys(
-        q, acc, m_i, l_i, unmasked_end, kv_end, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
-        stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, last_key,
-        scale_log2e, BLOCK_N, True, CAUSAL, INPUT_PRECISION,
-    )  # fmt: skip
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start in range(0, unmasked_end, BLOCK_N):
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
+            stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, last_key, kv_end,
+            scale_log2e, BLOCK_N, False, CAUSAL, INPUT_PRECISION,
+        )  # fmt: skip
+    for start in range(unmasked_end, kv_end, BLOCK_N):
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
+            stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, last_key, kv_end,
+            scale_log2e, BLOCK_N, True, CAUSAL, INPUT_PRECISION,
+        )  # fmt: skip
 
     o = normalize(acc, l_i)
-    out = out_ptr + row_offsets(token, head, dims, stride_ot, stride_oh)
-    tl.store(out, o.to(out_ptr.dtype.element_ty), mask=tile_valid)
+    tl.store(
+        out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=row_valid[:, None] & dim_valid[None, :],
+    )
 
 
 def _default_blocks(head_dim: int, rows: int, device: torch.device) -> tuple[int, int, int]:
@@ -130,18 +145,41 @@ def extend_attention(
     num_kv_heads = k_cache.shape[1]
     group = num_q_heads // num_kv_heads
     batch = meta.batch_size
-    rows_per_req = rows_per_request(meta)
+    rows_per_req = meta.uniform_extend if meta.uniform_extend is not None else meta.max_extend_len
     if num_tokens == 0 or batch == 0 or rows_per_req == 0:
         return out
     rows = rows_per_req * group
     default_m, default_n, warps = _default_blocks(head_dim, rows, q.device)
     block_m = block_m or default_m
     block_n = block_n or default_n
+    precision = "ieee" if q.dtype == torch.float32 else None  # None: the target default (tf32 is not on ROCm)
     _extend_kernel[(batch, num_kv_heads, triton.cdiv(rows, block_m))](
-        *paged_args(q, k_cache, v_cache, meta, scale, out),
-        **paged_constants(q, k_cache, meta),
+        q,
+        k_cache,
+        v_cache,
+        meta.req_to_token,
+        meta.req_rows,
+        meta.seq_lens,
+        meta.extend_lens,
+        meta.q_start,
+        out,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        meta.req_to_token.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),  # tl.dot needs K >= 16
         BLOCK_M=block_m,
         BLOCK_N=block_n,
+        CAUSAL=meta.causal,
+        INPUT_PRECISION=precision,
         num_warps=warps,
         num_stages=2,
     )

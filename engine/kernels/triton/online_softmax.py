@@ -1,12 +1,12 @@
-"""Key tiles of paged attention with an fp32 online softmax (FlashAttention-2, Dao 2023),
+"""One key tile of paged attention with an fp32 online softmax (FlashAttention-2, Dao 2023),
 shared by the split-KV decode kernel and the extend kernel.
 
 A program holds a block of query rows `q [R, BLOCK_D]` (rows (query j, head g) of one kv head)
 and its running state: `acc [R, BLOCK_D]` (unnormalised output), `m_i [R]` (running max of
-the scores, log2 domain) and `l_i [R]` (running sum of exp2(score - m_i)). `empty_state` is
-the state before any key; `attend_keys` folds the keys of a range, BLOCK_N at a time and read
-through the request's `req_to_token` row, into it; `normalize` gives the output once every
-range is in. Rows that see no key yet keep m_i = -inf and l_i = 0, and normalise to 0.
+the scores, log2 domain) and `l_i [R]` (running sum of exp2(score - m_i)). `attend_tile`
+folds the next BLOCK_N keys, read through the request's `req_to_token` row, into that state;
+`normalize` gives the output once every tile is in. Rows that see no key yet keep
+m_i = -inf and l_i = 0, and normalise to 0.
 """
 
 from __future__ import annotations
@@ -16,22 +16,12 @@ import triton.language as tl
 
 
 @triton.jit
-def empty_state(BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    """(acc [R, BLOCK_D], m_i [R], l_i [R]) of rows that have seen no key."""
-    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    return acc, m_i, l_i
-
-
-@triton.jit
-def attend_keys(
+def attend_tile(
     q,  # [R, BLOCK_D]
     acc,  # [R, BLOCK_D] fp32
     m_i,  # [R] fp32
     l_i,  # [R] fp32
-    begin,  # first key position, a multiple of BLOCK_N
-    end,  # keys at or past it are masked (MASKED only)
+    start,  # first key position of the tile
     k_cache_ptr,
     v_cache_ptr,
     slot_row_ptr,  # req_to_token row of the request
@@ -43,46 +33,45 @@ def attend_keys(
     dims,  # [BLOCK_D]
     dim_valid,  # [BLOCK_D]
     last_key,  # [R] causal bound of each row
+    kv_end,  # keys at or past it are masked (MASKED only)
     scale_log2e,
     BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,  # False: every key of [begin, end) is visible to every row, and end % BLOCK_N == 0
+    MASKED: tl.constexpr,  # False: every key of the tile is below kv_end and visible to every row
     CAUSAL: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
-    """(acc, m_i, l_i) after the keys [begin, end)."""
-    for start in range(begin, end, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        if MASKED:
-            col_valid = cols < end
-            slot = tl.load(slot_row_ptr + cols, mask=col_valid, other=0).to(tl.int64)
-            kv_mask = col_valid[:, None] & dim_valid[None, :]
-        else:
-            slot = tl.load(slot_row_ptr + cols).to(tl.int64)
-            kv_mask = dim_valid[None, :]
-        k = tl.load(
-            k_cache_ptr + slot[:, None] * stride_kc_slot + kv_head * stride_kc_h + dims[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale_log2e  # [R, BLOCK_N]
-        if MASKED:
-            visible = col_valid[None, :]
-            if CAUSAL:
-                visible = visible & (cols[None, :] <= last_key[:, None])
-            s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(
-            v_cache_ptr + slot[:, None] * stride_vc_slot + kv_head * stride_vc_h + dims[None, :],
-            mask=kv_mask,
-            other=0.0,
-        )
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
-        m_i = m_new
-    return acc, m_i, l_i
+    """(acc, m_i, l_i) after the keys [start, start + BLOCK_N)."""
+    cols = start + tl.arange(0, BLOCK_N)
+    if MASKED:
+        col_valid = cols < kv_end
+        slot = tl.load(slot_row_ptr + cols, mask=col_valid, other=0).to(tl.int64)
+        kv_mask = col_valid[:, None] & dim_valid[None, :]
+    else:
+        slot = tl.load(slot_row_ptr + cols).to(tl.int64)
+        kv_mask = dim_valid[None, :]
+    k = tl.load(
+        k_cache_ptr + slot[:, None] * stride_kc_slot + kv_head * stride_kc_h + dims[None, :],
+        mask=kv_mask,
+        other=0.0,
+    )
+    s = tl.dot(q, tl.trans(k), input_precision=INPUT_PRECISION) * scale_log2e  # [R, BLOCK_N]
+    if MASKED:
+        visible = col_valid[None, :]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= last_key[:, None])
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(
+        v_cache_ptr + slot[:, None] * stride_vc_slot + kv_head * stride_vc_h + dims[None, :],
+        mask=kv_mask,
+        other=0.0,
+    )
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
+    return acc, m_new, l_i
 
 
 @triton.jit
