@@ -82,3 +82,14 @@ typecheck: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# The chart's cpu-dev pods on this host: Ray head, prefill and decode workers and gateway from the
+# CPU image (built with buildah if missing), with the commands, env and probes `helm template`
+# renders, KubeRay's part emulated; a streamed chat, /metrics, then the decode pod SIGKILLed and
+# restarted. Root, buildah and iproute2; CLUSTER_SMOKE_ARGS="--runtime process" runs process trees
+# instead of containers. docs/kubernetes.md, "Cluster smoke test".
+CLUSTER_SMOKE_ARGS ?=
+.PHONY: cluster-smoke
+
+cluster-smoke: install
+	PYTHONPATH="$(CURDIR)" $(TEST_ENV) $(PY) -m scripts.cluster_smoke $(CLUSTER_SMOKE_ARGS)

@@ -26,6 +26,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--profile", default="cpu-dev", help="chart profile to render (default cpu-dev)")
     parser.add_argument("--runtime", choices=("auto", "buildah", "process"), default="auto")
     parser.add_argument("--wheels", default=os.environ.get("DSPARK_WHEELS", "/opt/wheels"), help="for the build")
+    parser.add_argument("--rebuild", action="store_true", help="build the image even if it exists")
     parser.add_argument("--ready-timeout", type=float, default=300, help="seconds for all pods to be ready")
     parser.add_argument("--recover-timeout", type=float, default=240, help="seconds for the decode pod to recover")
     parser.add_argument("--keep-logs", type=Path, help="copy the pods' logs here before cleaning up")
@@ -37,9 +38,9 @@ def image_exists(image: str) -> bool:
     return found.returncode == 0
 
 
-def build_image(image: str, wheels: str) -> float:
+def build_image(image: str, wheels: str, rebuild: bool) -> float:
     """scripts/build-image.sh --flavor cpu with buildah when the image is missing; seconds spent."""
-    if image_exists(image):
+    if not rebuild and image_exists(image):
         print(f"image {image} present: reused", flush=True)
         return 0.0
     args = ["bash", str(manifests.REPO / "scripts" / "build-image.sh"), "--flavor", "cpu", "--builder", "buildah"]
@@ -72,7 +73,7 @@ def check_host() -> None:
     if not netns.available():
         raise SmokeError("`ip netns` does not work here: four Ray nodes on one host need one namespace each")
     if not Cgroup.available():
-        raise SmokeError(f"no writable freezer cgroup at {Cgroup('x').path.parent}")
+        raise SmokeError(f"no writable cgroup (v1 freezer or v2) at {Cgroup('x').path.parent}")
 
 
 def timing_table(rows: list[tuple[str, float]]) -> str:
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace, cluster_box: list[Cluster]) -> list[tuple[str,
     runtime = pick_runtime(args.runtime)
     check_host()
     if runtime.name == "buildah":
-        built = build_image(release.pods["head"].image, args.wheels)
+        built = build_image(release.pods["head"].image, args.wheels, args.rebuild)
         rows = [("image build (0: present, reused)", built)]
     else:
         rows = [("image build (process runtime: none)", 0.0)]
@@ -109,7 +110,8 @@ def run(args: argparse.Namespace, cluster_box: list[Cluster]) -> list[tuple[str,
         runtime.remove_stale()
     network = netns.Network()
     network.setup()
-    cluster = Cluster(release, runtime, Path(tempfile.mkdtemp(prefix="dsmk-")), network)
+    workdir = Path(tempfile.mkdtemp(prefix="dsmk-", dir="/var/tmp"))  # not under /tmp, which pods mount over
+    cluster = Cluster(release, runtime, workdir, network)
     cluster_box.append(cluster)
     started = time.monotonic()
     cluster.create()

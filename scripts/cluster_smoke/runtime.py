@@ -11,13 +11,15 @@ import shlex
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 BUILDAH = ("buildah", "--storage-driver", "vfs")
-CGROUP_ROOT = Path("/sys/fs/cgroup/freezer")
+CGROUP_V1_FREEZER = Path("/sys/fs/cgroup/freezer")
+CGROUP_V2 = Path("/sys/fs/cgroup")
 
 
 @dataclass(frozen=True)
@@ -105,19 +107,22 @@ class ProcessRuntime:
     def __init__(self, path: str) -> None:
         self.path = path
         self.created: list[Path] = []
+        self._lock = threading.Lock()
+        self._user_ok: dict[tuple[int, int], bool] = {}
 
     def create(self, sandbox: Sandbox, image: str) -> None:
-        for mount in sandbox.mounts:
-            target = Path(mount.target)
-            if not target.exists():
-                target.mkdir(parents=True) if mount.source.is_dir() else target.touch()
-                self.created.append(target)
+        """Mount points missing on the host (/opt/dspark, /models, /home/dspark), removed at the end."""
+        with self._lock:
+            for mount in sandbox.mounts:
+                target = Path(mount.target)
+                if not target.exists():
+                    target.mkdir(parents=True) if mount.source.is_dir() else target.touch()
+                    self.created.append(target)
 
     def argv(self, sandbox: Sandbox, command: list[str], env: list[tuple[str, str]]) -> list[str]:
         binds = [f"mount --bind {shlex.quote(str(m.source))} {shlex.quote(m.target)}" for m in sandbox.mounts]
         binds += [f"mount -o remount,bind,ro {shlex.quote(m.target)}" for m in sandbox.mounts if m.read_only]
-        user = sandbox.user
-        drop = ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups"] if user[0] else []
+        drop = self._drop_privileges(sandbox.user)
         base_env = [("PATH", self.path), ("HOME", "/home/dspark"), ("PYTHONUNBUFFERED", "1")]
         if os.environ.get("PYTHONPATH"):  # the checkout under test, as the image would carry it
             base_env.append(("PYTHONPATH", os.environ["PYTHONPATH"]))
@@ -141,6 +146,21 @@ class ProcessRuntime:
             *command,
         ]
 
+    def _drop_privileges(self, user: tuple[int, int]) -> list[str]:
+        """setpriv to the pod's user, if that user can run this Python (a pyenv under /root it cannot)."""
+        drop = ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups"]
+        if not user[0]:
+            return []
+        if user not in self._user_ok:
+            python = shutil.which("python3", path=self.path) or "python3"
+            # Through a shell, as ray-node.sh runs it (setpriv's own exec may still pass where a child's fails).
+            probe = [*drop, "sh", "-c", f"exec {shlex.quote(python)} -c pass"]
+            check = subprocess.run(probe, capture_output=True, timeout=60)
+            self._user_ok[user] = check.returncode == 0
+            if not self._user_ok[user]:
+                print(f"NOTE: uid {user[0]} cannot run {python}: the process trees run as root", flush=True)
+        return drop if self._user_ok[user] else []
+
     def remove(self, sandbox: Sandbox) -> None:
         for target in reversed(self.created):
             if target.is_dir():
@@ -151,14 +171,19 @@ class ProcessRuntime:
 
 
 class Cgroup:
-    """A freezer cgroup holding one container's processes (cgroup v1 here; v2 has cgroup.kill)."""
+    """A cgroup holding one container's processes: the freezer hierarchy on cgroup v1 (frozen, then
+    every process SIGKILLed), cgroup.kill on cgroup v2."""
 
     def __init__(self, name: str) -> None:
-        self.path = CGROUP_ROOT / f"dsmk-{name}"
+        root = CGROUP_V1_FREEZER if CGROUP_V1_FREEZER.is_dir() else CGROUP_V2
+        self.path = root / f"dsmk-{name}"
+        self.v2 = root == CGROUP_V2
 
     @staticmethod
     def available() -> bool:
-        return CGROUP_ROOT.is_dir() and os.access(CGROUP_ROOT, os.W_OK)
+        if CGROUP_V1_FREEZER.is_dir():
+            return os.access(CGROUP_V1_FREEZER, os.W_OK)
+        return (CGROUP_V2 / "cgroup.controllers").is_file() and os.access(CGROUP_V2, os.W_OK)
 
     def wrap(self, argv: list[str]) -> list[str]:
         """argv started inside this cgroup: every process it forks stays in it."""
@@ -172,15 +197,18 @@ class Cgroup:
             return []
 
     def kill(self, timeout_s: float = 20) -> None:
-        """SIGKILL every process at once: frozen first, so nothing forks or reacts in between."""
+        """SIGKILL every process at once, so that nothing forks or reacts in between."""
         if not self.path.is_dir():
             return
-        state = self.path / "freezer.state"
-        state.write_text("FROZEN")
-        for pid in self.pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        state.write_text("THAWED")
+        if self.v2:
+            (self.path / "cgroup.kill").write_text("1")
+        else:
+            state = self.path / "freezer.state"
+            state.write_text("FROZEN")
+            for pid in self.pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            state.write_text("THAWED")
         deadline = time.monotonic() + timeout_s
         while self.pids() and time.monotonic() < deadline:
             time.sleep(0.1)
