@@ -74,8 +74,8 @@ test-all: install system-deps
 	$(TEST_ENV) $(PY) -m pytest -q -m "" $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check engine services training tests benchmarks
-	$(VENV)/bin/ruff format --check engine services training tests benchmarks
+	$(VENV)/bin/ruff check engine services training tests benchmarks scripts
+	$(VENV)/bin/ruff format --check engine services training tests benchmarks scripts
 
 typecheck: install
 	$(VENV)/bin/mypy
