@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.torch_backend import TorchAttentionBackend
+from engine.config import ModelConfig
 from engine.kv.pool import KVPool
 from engine.models.context import ForwardContext
 from engine.runner.batch_inputs import uniform_window
@@ -28,6 +29,22 @@ def sync_guard(device: torch.device | str = "cpu") -> Iterator[None]:
 
     with SyncGuard(torch.device(device)):
         yield
+
+
+def tiny_target(**overrides: object) -> ModelConfig:
+    """A small Llama target config whose shapes the tiny drafters fit."""
+    fields: dict[str, object] = dict(
+        architecture="llama",
+        vocab_size=48,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=6,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+    )
+    fields.update(overrides)
+    return ModelConfig(**fields)  # type: ignore[arg-type]
 
 
 def tiny_config(**overrides: object) -> DrafterConfig:

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from spec_helpers import make_drafter, make_scenario, tiny_config
+from spec_helpers import make_drafter, make_scenario, tiny_config, tiny_target
 
-from engine.config import ModelConfig
 from engine.speculative.checkpoint import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -18,21 +17,6 @@ from engine.speculative.checkpoint import (
     read_drafter_config,
     save_drafter,
 )
-
-
-def tiny_target(**overrides: object) -> ModelConfig:
-    fields: dict[str, object] = dict(
-        architecture="llama",
-        vocab_size=48,
-        hidden_size=32,
-        intermediate_size=64,
-        num_layers=6,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=8,
-    )
-    fields.update(overrides)
-    return ModelConfig(**fields)  # type: ignore[arg-type]
 
 
 def test_roundtrip_keeps_weights_config_and_behaviour(tmp_path: Path) -> None:

@@ -7,9 +7,9 @@ import argparse
 from pathlib import Path
 
 import pytest
-from spec_helpers import make_drafter, tiny_config
+from spec_helpers import make_drafter, tiny_config, tiny_target
 
-from engine.config import ModelConfig, SpeculativeConfig
+from engine.config import SpeculativeConfig
 from engine.loader.resolve import ALIASES, resolve_model, shipped_drafter
 from engine.speculative.checkpoint import DrafterMismatchError, save_drafter
 from engine.speculative.setup import check_drafter_fits, drafter_directory
@@ -60,21 +60,6 @@ def test_auto_turns_speculative_on_for_the_mounted_file(shipped_file: Path) -> N
     add_engine_options(parser)
     args = parser.parse_args(["--model", str(shipped_file), "--device", "cpu", "--dtype", "bfloat16"])
     assert engine_config_from_args(args).speculative is not None
-
-
-def tiny_target(**overrides: object) -> ModelConfig:
-    fields: dict[str, object] = dict(
-        architecture="llama",
-        vocab_size=48,
-        hidden_size=32,
-        intermediate_size=64,
-        num_layers=6,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=8,
-    )
-    fields.update(overrides)
-    return ModelConfig(**fields)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
