@@ -40,6 +40,7 @@ from services.gateway.pool import Discovery, Replica, WorkerPool
 from services.gateway.responses import TokenText
 from services.gateway.serving import Generation, GenerationRunner, new_response_id
 from services.gateway.telemetry import UNKNOWN_MODEL, RequestMetrics, RequestTimer, WorkerStatsExporter
+from services.gateway.utility_routes import install_utility_routes
 from services.metrics import Metrics
 from services.router import Router
 from services.workers.types import StatsSnapshot
@@ -237,6 +238,7 @@ def create_app(
     async def prometheus_metrics() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    install_utility_routes(app, gateway)
     return app
 
 

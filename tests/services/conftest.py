@@ -1,16 +1,23 @@
-"""Shared fixtures of the services tests: the real engine on the embedded model, and one
-local Ray cluster for the session (each e2e module starts its own workers on it)."""
+"""Shared fixtures of the services tests: the real engine on the embedded model, the gateway
+app over it in-process (no Ray), and one local Ray cluster for the session (each e2e module
+starts its own workers on it)."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from engine.config import EngineConfig
 from engine.sampling_params import SamplingParams
+from tests.services.serving import serve, wait_ready
+
+if TYPE_CHECKING:
+    from services.gateway import GatewayConfig
+    from services.workers.engine_loop import EngineLoop
 
 MODEL = "smollm2-135m"
 KV_BYTES = 512 * 1024 * 1024  # ~11k token slots: one full-context request, small on shared machines
@@ -61,6 +68,43 @@ def greedy_reference(engine: Any, prompts: Sequence[list[int]], max_tokens: int)
 def chat_token_ids(engine: Any, content: str) -> list[int]:
     text = engine.tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
     return list(engine.tokenizer.encode(text, add_special_tokens=False))
+
+
+@pytest.fixture(scope="module")
+def loop(engine_core: Any) -> Iterator[EngineLoop]:
+    """The session engine driven by an EngineLoop thread, as a colocated worker drives it."""
+    from services.workers.engine_loop import EngineLoop
+    from services.workers.transfer import InProcessTransfer
+
+    drain(engine_core)
+    engine_loop = EngineLoop(
+        engine_core,
+        role="worker",
+        replica_id="local-0",
+        transfer=InProcessTransfer(),
+        max_num_seqs=engine_core.config.max_num_seqs,
+        speculative=False,
+    ).start()
+    yield engine_loop
+    engine_loop.shutdown()
+    drain(engine_core)
+
+
+def start_gateway(loop: EngineLoop, config: GatewayConfig | None = None) -> AbstractContextManager[str]:
+    """The gateway app over `loop` as its one worker, served on a loopback port (the base URL)."""
+    from services.gateway import GatewayConfig, create_app
+    from services.gateway.pool import StaticDiscovery
+    from services.workers.client import LocalWorkerClient
+
+    return serve(create_app(StaticDiscovery([LocalWorkerClient("local-0", loop)]), config or GatewayConfig()))
+
+
+@pytest.fixture(scope="module")
+def url(loop: EngineLoop) -> Iterator[str]:
+    """Base URL of a ready gateway with the default config over `loop`."""
+    with start_gateway(loop) as base:
+        wait_ready(base, 60)
+        yield base
 
 
 @pytest.fixture(scope="session")

@@ -6,49 +6,19 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from services.gateway import GatewayConfig, create_app
-from services.gateway.pool import PoolConfig, StaticDiscovery
-from services.workers.client import LocalWorkerClient
+from services.gateway import GatewayConfig
+from services.gateway.pool import PoolConfig
 from services.workers.engine_loop import EngineLoop
-from services.workers.transfer import InProcessTransfer
-from tests.services.conftest import MODEL, drain
-from tests.services.serving import serve, wait_ready
+from tests.services.conftest import MODEL, start_gateway
+from tests.services.serving import wait_ready
 
 pytestmark = pytest.mark.timeout(600)
-
-
-@pytest.fixture(scope="module")
-def loop(engine_core: Any) -> Iterator[EngineLoop]:
-    drain(engine_core)
-    engine_loop = EngineLoop(
-        engine_core,
-        role="worker",
-        replica_id="local-0",
-        transfer=InProcessTransfer(),
-        max_num_seqs=engine_core.config.max_num_seqs,
-        speculative=False,
-    ).start()
-    yield engine_loop
-    engine_loop.shutdown()
-    drain(engine_core)
-
-
-def start(loop: EngineLoop, config: GatewayConfig | None = None) -> Any:
-    return serve(create_app(StaticDiscovery([LocalWorkerClient("local-0", loop)]), config or GatewayConfig()))
-
-
-@pytest.fixture(scope="module")
-def url(loop: EngineLoop) -> Iterator[str]:
-    with start(loop) as base:
-        wait_ready(base, 60)
-        yield base
 
 
 @pytest.fixture(scope="module")
@@ -342,7 +312,7 @@ def test_non_streaming_disconnect_aborts(url: str, loop: EngineLoop) -> None:
 
 def test_api_keys_body_limit_and_overload(loop: EngineLoop) -> None:
     config = GatewayConfig(api_keys=("k1", "k2"), max_body_bytes=4096, pool=PoolConfig(max_inflight_per_worker=1))
-    with start(loop, config) as url:
+    with start_gateway(loop, config) as url:
         wait_ready(url, 60)
         body = {"model": MODEL, "messages": messages("hi"), "max_tokens": 2}
         missing = httpx.post(f"{url}/v1/chat/completions", json=body)
