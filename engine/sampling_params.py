@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 MAX_LOGPROBS = 20
+# OpenAI's limits on `logit_bias`: at most 300 entries, each bias in [-100, 100].
+MAX_LOGIT_BIAS_ENTRIES = 300
+MAX_LOGIT_BIAS = 100.0
 # Below this a temperature divides logits past float32 range (inf - inf = NaN in softmax):
 # such requests are greedy, as in vLLM.
 GREEDY_TEMPERATURE = 1e-5
@@ -16,8 +20,57 @@ def _require(ok: bool, field_name: str, message: str) -> None:
         raise ValueError(f"{field_name}: {message}")
 
 
-def _finite(x: float) -> bool:
+def _finite(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+class LogitBias(Mapping[int, float]):
+    """An immutable token id -> bias map, ids ascending. Hashable and picklable, so a
+    SamplingParams holding one stays a frozen value that crosses process boundaries."""
+
+    def __init__(self, biases: Mapping[int, float]) -> None:
+        self._pairs = tuple(sorted((int(t), float(b)) for t, b in biases.items()))
+        self._by_id = dict(self._pairs)
+
+    def __getitem__(self, token_id: int) -> float:
+        return self._by_id[token_id]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._by_id)
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def __hash__(self) -> int:
+        return hash(self._pairs)
+
+    def __repr__(self) -> str:
+        return f"LogitBias({self._by_id!r})"
+
+
+def _logit_bias(value: object) -> LogitBias | None:
+    """OpenAI's `logit_bias` (token id -> bias), validated; None when absent or empty."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError(f"logit_bias: must be a mapping of token id to bias, got {value!r}")
+    _require(
+        len(value) <= MAX_LOGIT_BIAS_ENTRIES,
+        "logit_bias",
+        f"at most {MAX_LOGIT_BIAS_ENTRIES} entries, got {len(value)}",
+    )
+    for token_id, bias in value.items():
+        _require(
+            isinstance(token_id, int) and not isinstance(token_id, bool) and token_id >= 0,
+            "logit_bias",
+            f"token ids must be integers >= 0, got {token_id!r}",
+        )
+        _require(
+            _finite(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS,
+            "logit_bias",
+            f"biases must be finite numbers in [-100, 100], got {bias!r} for token {token_id}",
+        )
+    return LogitBias(value) if value else None
 
 
 @dataclass(frozen=True)
@@ -25,7 +78,8 @@ class SamplingParams:
     """temperature 0 (or below GREEDY_TEMPERATURE) means greedy. top_k <= 0 and top_p == 1
     and min_p == 0 disable those filters. `seed` makes a request's samples reproducible
     whatever else is batched with it. Penalties follow OpenAI (frequency/presence, over
-    generated tokens) and HF (repetition, over prompt and generated tokens)."""
+    generated tokens) and HF (repetition, over prompt and generated tokens). `logit_bias`
+    follows OpenAI (docs/design.md §2.4)."""
 
     max_tokens: int = 16
     min_tokens: int = 0
@@ -43,6 +97,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # top-N alternatives per token; 0 = only the chosen token
     skip_special_tokens: bool = True
+    # OpenAI `logit_bias`: token id -> bias in [-100, 100] added to the logits the token is
+    # sampled from (not to the reported logprobs). Stored as a LogitBias; {} becomes None.
+    logit_bias: Mapping[int, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -51,6 +108,7 @@ class SamplingParams:
             object.__setattr__(self, "stop", tuple(self.stop))
         if isinstance(self.stop_token_ids, list):
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
         self._validate()
 
     def _validate(self) -> None:
@@ -118,6 +176,16 @@ class SamplingParams:
             "logprobs",
             f"must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
         )
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """The checks that need the model's vocabulary: every logit_bias id in [0, vocab_size)."""
+        if self.logit_bias:
+            largest = max(self.logit_bias)
+            _require(
+                largest < vocab_size,
+                "logit_bias",
+                f"token id {largest} is out of range [0, {vocab_size})",
+            )
 
     @property
     def greedy(self) -> bool:

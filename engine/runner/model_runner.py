@@ -165,7 +165,14 @@ class ModelRunner:
         starts = np.array(step.kv_before, dtype=np.int32)  # plain decode: exact positions
         drafting = self.dspark is not None and self.dspark.setup.drafts_at(len(reqs))
         graphs = self.graphs if drafting or self.dspark is None else self.graphs_without_draft
-        graphable = all(r.params.greedy and not r.params.uses_penalties and r.params.logprobs is None for r in reqs)
+        # The captured body samples plain greedy: no penalties, logprobs or logit bias.
+        graphable = all(
+            r.params.greedy
+            and not r.params.uses_penalties
+            and r.params.logprobs is None
+            and r.params.logit_bias is None
+            for r in reqs
+        )
         if graphs is not None and graphable and graphs.bucket_for(len(reqs)) is not None:
             return PendingStep(graphs.replay(rows, starts), self.copy_stream)
         rows_d = to_device(rows, self.device)

@@ -1,9 +1,10 @@
 """Sampling state kept per request row on the device, and the runner's sampling calls.
 
-Each request's parameters are staged once, at admission, into a per-row table
-(`SamplingTensors.empty` + `write_rows`); a step gathers its rows on the device, so steady
-decoding copies nothing from the host but the row ids. Only host-known batch facts
-(`SamplingFlags`) choose code paths.
+Each request's parameters are staged once, at admission, into per-row tables
+(`SamplingTensors.empty` + `write_rows`, and `LogitBiasTable` for `logit_bias`); a step
+gathers its rows on the device, so steady decoding copies nothing from the host but the
+row ids. Only host-known batch facts (`SamplingFlags`, the batch's logit-bias width) choose
+code paths and shapes.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import torch
 from engine.request import Request
 from engine.runner.h2d import to_device
 from engine.runner.step_output import StepLogprobs
+from engine.sampling.logit_bias import LogitBiasTable, batch_bias_width
 from engine.sampling.logprobs import TokenLogprobs, compute_logprobs
 from engine.sampling.penalties import PenaltyState
-from engine.sampling.sampler import Sampler, SamplingFlags, SamplingTensors, processed_probs
+from engine.sampling.sampler import Sampler, SamplingFlags, SamplingTensors, processed_logits, sampling_law
 from engine.sampling_params import SamplingParams
 
 
@@ -50,16 +52,21 @@ class RowSampling:
         self.device = device
         self.table = SamplingTensors.empty(max_rows, device, vocab_size=vocab_size)
         self.penalties = PenaltyState(max_rows, vocab_size, device)
+        self.logit_bias = LogitBiasTable(max_rows, vocab_size, device)
         self.sampler = Sampler()
 
     def set_row(self, row: int, params: SamplingParams, key: int, prompt_ids: list[int], output_ids: list[int]) -> None:
         values = SamplingTensors.from_params([params], [key], self.device, vocab_size=self.vocab_size)
-        self.table.write_rows(to_device(np.array([row], dtype=np.int64), self.device), values)
+        row_d = to_device(np.array([row], dtype=np.int64), self.device)
+        self.table.write_rows(row_d, values)
+        self.logit_bias.set_row(row, params.logit_bias, row_d)
         if params.uses_penalties:
             self.penalties.reset(row, prompt_ids, output_ids)
 
     def batch(self, rows_d: torch.Tensor, reqs: list[Request]) -> SamplingTensors:
-        return self.table.gather(rows_d, SamplingFlags.from_params([r.params for r in reqs], self.vocab_size))
+        params = [r.params for r in reqs]
+        st = self.table.gather(rows_d, SamplingFlags.from_params(params, self.vocab_size))
+        return st.with_logit_bias(self.logit_bias.gather(rows_d, batch_bias_width(params)))
 
     def sample(
         self, logits: torch.Tensor, rows_d: torch.Tensor, counters: torch.Tensor, reqs: list[Request]
@@ -86,40 +93,26 @@ class RowSampling:
     def _window(
         self, logits: torch.Tensor, rows_d: torch.Tensor, drafts: torch.Tensor, reqs: list[Request]
     ) -> tuple[torch.Tensor, SamplingTensors]:
-        """Flatten [B, W, V] to [B*W, V] rows with the penalties each verify row would see:
-        row j of a request has already generated d_0 .. d_{j-1} of its block."""
+        """Flatten [B, W, V] to [B*W, V] processed logits: every verify row gets its request's
+        logit bias, and the penalties it would see: row j of a request has already generated
+        d_0 .. d_{j-1} of its block."""
         batch, width, vocab = logits.shape
         rows_w = rows_d.repeat_interleave(width, output_size=batch * width)
-        st = self.batch(rows_d, reqs)
-        st_w = SamplingTensors(
-            flags=st.flags,
-            **{
-                name: getattr(st, name).repeat_interleave(width, output_size=batch * width)
-                for name in (
-                    "temperature",
-                    "top_k",
-                    "top_p",
-                    "min_p",
-                    "repetition_penalty",
-                    "frequency_penalty",
-                    "presence_penalty",
-                    "key",
-                    "greedy",
-                )
-            },
-        )
-        flat = logits.reshape(batch * width, vocab).float()
-        if not st.flags.any_penalties or not self.penalties.allocated:
-            return flat, st_w
-        block_counts = torch.zeros((batch, width, vocab), dtype=torch.int32, device=logits.device)
-        block_counts[:, 1:].scatter_(2, drafts[:, :, None], 1)
-        block_counts = block_counts.cumsum(dim=1, dtype=torch.int32)  # [B, W, V]: d_0..d_{j-1}
-        return self.penalties.apply(flat, rows_w, st_w, block_counts.view(batch * width, vocab)), st_w
+        st_w = self.batch(rows_d, reqs).repeat_rows(width)
+        extra_counts = None
+        if st_w.flags.any_penalties and self.penalties.allocated:
+            block_counts = torch.zeros((batch, width, vocab), dtype=torch.int32, device=logits.device)
+            block_counts[:, 1:].scatter_(2, drafts[:, :, None], 1)
+            block_counts = block_counts.cumsum(dim=1, dtype=torch.int32)  # [B, W, V]: d_0..d_{j-1}
+            extra_counts = block_counts.view(batch * width, vocab)
+        flat = logits.reshape(batch * width, vocab)
+        return processed_logits(flat, st_w, self.penalties, rows_w, extra_counts), st_w
 
     def penalized(
         self, logits: torch.Tensor, rows_d: torch.Tensor, drafts: torch.Tensor, reqs: list[Request]
     ) -> torch.Tensor:
-        """[B, W, V] logits after each verify row's penalties (what greedy takes the argmax of)."""
+        """[B, W, V] logits after each verify row's logit bias and penalties (what greedy takes
+        the argmax of)."""
         flat, _ = self._window(logits, rows_d, drafts, reqs)
         return flat.view(logits.shape)
 
@@ -128,7 +121,7 @@ class RowSampling:
     ) -> torch.Tensor:
         """[B, W, V]: the exact law plain sampling would draw each verify row from."""
         flat, st_w = self._window(logits, rows_d, drafts, reqs)
-        return processed_probs(flat, st_w).view(logits.shape)
+        return sampling_law(flat, st_w).view(logits.shape)
 
     def window_logprobs(
         self, logits: torch.Tensor, out_tokens: torch.Tensor, reqs: list[Request]

@@ -1,7 +1,8 @@
 """Token sampling: counter-based randomness (rng), per-row parameters as device tensors
-(tensors), filters, penalties, logprobs and the sampler. All of it is fixed-shape device
-work with no host reads (docs/design.md §2, §4)."""
+(tensors), filters, penalties, logit bias, logprobs and the sampler. All of it is fixed-shape
+device work with no host reads (docs/design.md §2, §4)."""
 
+from engine.sampling.logit_bias import LogitBiasRows, LogitBiasTable
 from engine.sampling.logprobs import TokenLogprobs, compute_logprobs
 from engine.sampling.penalties import PenaltyState
 from engine.sampling.rng import Stream, request_key, uniform, uniform_at
@@ -9,6 +10,8 @@ from engine.sampling.sampler import Sampler, SampleResult, processed_probs, samp
 from engine.sampling.tensors import SamplingFlags, SamplingTensors
 
 __all__ = [
+    "LogitBiasRows",
+    "LogitBiasTable",
     "PenaltyState",
     "SampleResult",
     "Sampler",

@@ -1,5 +1,5 @@
 """Logprobs as the OpenAI API reports them: from the raw model logits (log_softmax before
-penalties, temperature and filters), fixed shape with a host-known N."""
+logit bias, penalties, temperature and filters), fixed shape with a host-known N."""
 
 from __future__ import annotations
 

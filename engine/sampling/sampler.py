@@ -1,4 +1,9 @@
-"""Token sampling: greedy, temperature, top-k / top-p / min-p, penalties, per-request seeds.
+"""Token sampling: greedy, temperature, top-k / top-p / min-p, penalties, logit bias,
+per-request seeds.
+
+Order (vLLM's): raw logits -> logit bias -> penalties (`processed_logits`, what greedy takes
+the argmax of) -> temperature -> top-k / top-p / min-p -> draw. Logprobs come from the raw
+logits (vLLM's default `raw_logprobs`).
 
 Sampling is exact Gumbel-max in its exponential-race form: with E_v = -log(u_v) ~ Exp(1)
 drawn by the counter-based generator (engine.sampling.rng), argmax_v p_v / E_v is v with
@@ -27,8 +32,10 @@ __all__ = [
     "Sampler",
     "SamplingFlags",
     "SamplingTensors",
+    "processed_logits",
     "processed_probs",
     "sample_from_probs",
+    "sampling_law",
 ]
 
 
@@ -45,24 +52,35 @@ def sample_from_probs(probs: torch.Tensor, key: torch.Tensor, counter: torch.Ten
     return (probs / exponential).argmax(dim=-1)
 
 
-def _penalised(
-    logits: torch.Tensor, st: SamplingTensors, penalties: PenaltyState | None, rows: torch.Tensor | None
+def processed_logits(
+    logits: torch.Tensor,
+    st: SamplingTensors,
+    penalties: PenaltyState | None = None,
+    rows: torch.Tensor | None = None,
+    extra_counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """[B, V] float32: `logits` plus each row's logit bias, then penalised (vLLM applies the
+    bias before the penalties). A new tensor whenever it differs: the raw logits stay intact
+    for logprobs. `rows` [B] are the batch rows' PenaltyState rows; `extra_counts` [B, V]
+    int32 counts tokens not yet committed (`PenaltyState.apply`)."""
     logits = logits.float()
+    if st.logit_bias is not None:
+        logits = st.logit_bias.apply(logits)
     if penalties is not None and st.flags.any_penalties:
         if rows is None:
             raise ValueError("penalties need `rows`, each batch row's row in the PenaltyState")
-        logits = penalties.apply(logits, rows, st)
+        logits = penalties.apply(logits, rows, st, extra_counts)
     return logits
 
 
-def _probs(penalised: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-    """[B, V] the sampling law of each row from its penalised logits."""
+def sampling_law(processed: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """[B, V] the law each row samples from, given its `processed_logits`: temperature and
+    filters, renormalised; one-hot at the argmax on greedy rows."""
     if st.flags.all_greedy:
-        return torch.zeros_like(penalised).scatter_(1, penalised.argmax(dim=-1, keepdim=True), 1.0)
-    probs = torch.softmax(apply_filters(apply_temperature(penalised, st), st), dim=-1)
+        return torch.zeros_like(processed).scatter_(1, processed.argmax(dim=-1, keepdim=True), 1.0)
+    probs = torch.softmax(apply_filters(apply_temperature(processed, st), st), dim=-1)
     if st.flags.any_greedy:
-        one_hot = torch.zeros_like(probs).scatter_(1, penalised.argmax(dim=-1, keepdim=True), 1.0)
+        one_hot = torch.zeros_like(probs).scatter_(1, processed.argmax(dim=-1, keepdim=True), 1.0)
         probs = torch.where(st.greedy[:, None], one_hot, probs)
     return probs
 
@@ -73,13 +91,13 @@ def processed_probs(
     penalties: PenaltyState | None = None,
     rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """[B, V] float32: the exact distribution `Sampler.sample` draws row b from (penalties,
-    temperature, filters, renormalised; one-hot at the argmax on greedy rows).
+    """[B, V] float32: the exact distribution `Sampler.sample` draws row b from (logit bias,
+    penalties, temperature, filters, renormalised; one-hot at the argmax on greedy rows).
 
-    A verify window [B, W, V] goes in flattened to [B*W, V] with `st.gather(arange(B*W) // W)`;
+    A verify window [B, W, V] goes in flattened to [B*W, V] with `st.repeat_rows(W)`;
     its penalties should count the drafts before each row (`PenaltyState.apply(...,
     extra_counts=...)`)."""
-    return _probs(_penalised(logits, st, penalties, rows), st)
+    return sampling_law(processed_logits(logits, st, penalties, rows), st)
 
 
 class Sampler:
@@ -113,16 +131,16 @@ class Sampler:
         stream: int = Stream.TARGET,
     ) -> SampleResult:
         flags = st.flags
-        penalised = _penalised(logits, st, penalties, rows)
+        processed = processed_logits(logits, st, penalties, rows)
         if flags.all_greedy:
-            tokens = penalised.argmax(dim=-1)
+            tokens = processed.argmax(dim=-1)
         else:
-            if self._use_sparse(flags, penalised.shape[-1]):
-                tokens = self._sample_top_k(penalised, st, counters, stream)
+            if self._use_sparse(flags, processed.shape[-1]):
+                tokens = self._sample_top_k(processed, st, counters, stream)
             else:
-                tokens = sample_from_probs(_probs(penalised, st), st.key, counters, stream)
+                tokens = sample_from_probs(sampling_law(processed, st), st.key, counters, stream)
             if flags.any_greedy:
-                tokens = torch.where(st.greedy, penalised.argmax(dim=-1), tokens)
+                tokens = torch.where(st.greedy, processed.argmax(dim=-1), tokens)
         logprobs = None
         if flags.max_logprobs is not None:
             logprobs = compute_logprobs(logits, tokens, flags.max_logprobs)
@@ -136,11 +154,11 @@ class Sampler:
 
     @staticmethod
     def _sample_top_k(
-        penalised: torch.Tensor, st: SamplingTensors, counters: torch.Tensor, stream: int
+        processed: torch.Tensor, st: SamplingTensors, counters: torch.Tensor, stream: int
     ) -> torch.Tensor:
         """Gumbel-max over the top max_top_k candidates. Tokens outside them have p = 0, and
         each candidate sees the uniform the dense path would give it, so the draw is the same."""
-        scaled = apply_temperature(penalised, st)
+        scaled = apply_temperature(processed, st)
         k = min(st.flags.max_top_k, scaled.shape[-1])
         candidate_logits, candidate_ids = torch.topk(scaled, k, dim=-1)  # [B, K]
         keep = keep_sorted(candidate_logits, st)

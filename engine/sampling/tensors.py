@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.sampling.logit_bias import LogitBiasRows
 from engine.sampling.staging import PinnedPool, upload
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
@@ -93,6 +94,8 @@ _FLOAT_FIELDS = (
     "frequency_penalty",
     "presence_penalty",
 )
+# The [B] tensors of SamplingTensors: every field but `flags` and `logit_bias`.
+_ROW_FIELDS = (*_FLOAT_FIELDS, "top_k", "key", "greedy")
 _NEUTRAL_ROW = RowParams(
     greedy=True,
     temperature=1.0,
@@ -109,7 +112,9 @@ _NEUTRAL_ROW = RowParams(
 class SamplingTensors:
     """Device tensors, one entry per batch row. Build with `from_params` (host lists ->
     pinned -> non-blocking copies), or keep a persistent per-slot table (`empty`,
-    `write_rows`) and index it by request rows on the device with `gather`."""
+    `write_rows`) and index it by request rows on the device with `gather`. The logit-bias
+    pairs have a width of their own, so a per-slot table keeps them apart
+    (`logit_bias.LogitBiasTable`) and the batch gets them with `with_logit_bias`."""
 
     temperature: torch.Tensor  # [B] float32; 1 on greedy rows
     top_k: torch.Tensor  # [B] int64; 0 = off
@@ -121,6 +126,7 @@ class SamplingTensors:
     key: torch.Tensor  # [B] int64 Philox key (rng.request_key)
     greedy: torch.Tensor  # [B] bool
     flags: SamplingFlags
+    logit_bias: LogitBiasRows | None = None  # [B, K] pairs; None: no row has a bias (host-known)
 
     @property
     def batch_size(self) -> int:
@@ -138,6 +144,7 @@ class SamplingTensors:
         device: torch.device | str,
         flags: SamplingFlags,
         pinned_pool: PinnedPool | None = None,
+        logit_bias: LogitBiasRows | None = None,
     ) -> SamplingTensors:
         if len(rows) != len(keys):
             raise ValueError(f"{len(rows)} rows but {len(keys)} keys")
@@ -151,7 +158,7 @@ class SamplingTensors:
         floats = upload(floats, device, pinned_pool)  # [6, B]: two copies in all
         ints = upload(ints, device, pinned_pool)  # [3, B]
         named = dict(zip(_FLOAT_FIELDS, floats.unbind(0), strict=True))
-        return cls(top_k=ints[0], key=ints[1], greedy=ints[2] != 0, flags=flags, **named)
+        return cls(top_k=ints[0], key=ints[1], greedy=ints[2] != 0, flags=flags, logit_bias=logit_bias, **named)
 
     @classmethod
     def from_params(
@@ -166,7 +173,8 @@ class SamplingTensors:
         """`keys[i]` is request i's `rng.request_key(...)`; top_k is clamped to `vocab_size`."""
         rows = [RowParams.of(p, vocab_size) for p in params_list]
         flags = SamplingFlags.from_params(params_list, vocab_size)
-        return cls.from_rows(rows, keys, device, flags, pinned_pool)
+        logit_bias = LogitBiasRows.from_params(params_list, torch.device(device), pinned_pool)
+        return cls.from_rows(rows, keys, device, flags, pinned_pool, logit_bias)
 
     @classmethod
     def empty(cls, capacity: int, device: torch.device | str, *, vocab_size: int) -> SamplingTensors:
@@ -179,18 +187,32 @@ class SamplingTensors:
         )
 
     def write_rows(self, rows: torch.Tensor, values: SamplingTensors) -> None:
-        """Table update on the device: row rows[i] of self <- row i of `values`."""
-        for field in dataclasses.fields(self):
-            if field.name != "flags":
-                getattr(self, field.name).index_copy_(0, rows, getattr(values, field.name))
+        """Table update on the device: row rows[i] of self <- row i of `values` (all but the
+        logit-bias pairs, which a per-slot table keeps apart)."""
+        for name in _ROW_FIELDS:
+            getattr(self, name).index_copy_(0, rows, getattr(values, name))
 
     def gather(self, rows: torch.Tensor, flags: SamplingFlags | None = None) -> SamplingTensors:
         """Rows `rows` [B'] (int64, device) of this table as a batch. Pass the batch's own
         `flags` (`SamplingFlags.from_params` over its requests) to take the fast paths;
         without them the table's flags (conservative for `empty`) are kept."""
-        picked = {
-            field.name: getattr(self, field.name).index_select(0, rows)
-            for field in dataclasses.fields(self)
-            if field.name != "flags"
-        }
-        return SamplingTensors(flags=self.flags if flags is None else flags, **picked)
+        picked = {name: getattr(self, name).index_select(0, rows) for name in _ROW_FIELDS}
+        return SamplingTensors(
+            flags=self.flags if flags is None else flags,
+            logit_bias=None if self.logit_bias is None else self.logit_bias.index_select(rows),
+            **picked,
+        )
+
+    def repeat_rows(self, times: int) -> SamplingTensors:
+        """Each row `times` times in a row ([B*times]): the W rows of a DSpark verify window."""
+        size = self.batch_size * times
+        repeated = {name: getattr(self, name).repeat_interleave(times, output_size=size) for name in _ROW_FIELDS}
+        return SamplingTensors(
+            flags=self.flags,
+            logit_bias=None if self.logit_bias is None else self.logit_bias.repeat_rows(times),
+            **repeated,
+        )
+
+    def with_logit_bias(self, logit_bias: LogitBiasRows | None) -> SamplingTensors:
+        """The same batch with these logit-bias pairs ([B, K], or None for no bias)."""
+        return dataclasses.replace(self, logit_bias=logit_bias)

@@ -54,3 +54,11 @@ def reference_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
         keep &= p >= params.min_p * p.max()
     p = np.where(keep, np.exp(x - x[keep].max()), 0.0)
     return p / p.sum()
+
+
+def reference_logit_bias(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """OpenAI logit_bias: each listed token's logit plus its bias, in float64."""
+    out = logits.astype(np.float64).copy()
+    for token, bias in (params.logit_bias or {}).items():
+        out[token] += bias
+    return out
