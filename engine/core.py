@@ -27,6 +27,8 @@ from engine.runner.step_output import PendingStep
 from engine.sampling.rng import request_key
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledStep
+from engine.structured.compiler import GrammarCompiler, GrammarError
+from engine.structured.matcher import RequestGrammar
 from engine.sync_guard import SyncGuard
 
 
@@ -68,6 +70,7 @@ class EngineCore:
         self._handoffs: deque[tuple[Request, KVHandoff]] = deque()
         self._key_counter = itertools.count(1)
         self._outputs = OutputProcessor(self.tokenizer, self.model_config, self.max_model_len)
+        self._grammar_compiler: GrammarCompiler | None = None  # made at the first grammar request
         self._permit_wait: Callable[[], contextlib.AbstractContextManager[object]] = contextlib.nullcontext
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -97,6 +100,7 @@ class EngineCore:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params: must be SamplingParams, got {type(params).__name__}")
         prompt = self._validate_prompt(prompt_token_ids, params)
+        params.check_vocab(self.model_config.vocab_size)
         req = Request(
             request_id=request_id,
             prompt_ids=prompt,
@@ -104,6 +108,7 @@ class EngineCore:
             arrival_s=time.perf_counter() if arrival_s is None else arrival_s,
             rng_key=self._rng_key(params),
             prefill_only=prefill_only,
+            grammar=self._grammar(params, ()),
         )
         self._outputs.attach(req)
         self.requests[request_id] = req
@@ -121,6 +126,27 @@ class EngineCore:
                 f"prompt: {n} tokens leave no room to generate within the context length of {self.max_model_len} tokens"
             )
         return list(prompt_token_ids)
+
+    def _grammar(self, params: SamplingParams, output_ids: tuple[int, ...]) -> RequestGrammar | None:
+        """The request's grammar state after `output_ids` (a hand-off's tokens so far); a
+        ValueError names the field when the grammar does not compile or the tokens break it."""
+        if params.grammar is None:
+            return None
+        if self._grammar_compiler is None:
+            hf_tokenizer = getattr(self.tokenizer, "hf_tokenizer", None)
+            if hf_tokenizer is None:
+                raise ValueError("grammar: structured output needs a Hugging Face tokenizer")
+            self._grammar_compiler = GrammarCompiler(
+                hf_tokenizer, self.model_config.vocab_size, self._outputs.eos_token_ids
+            )
+        try:
+            grammar = RequestGrammar(self._grammar_compiler.compile(params.grammar))
+        except GrammarError as exc:
+            raise ValueError(f"grammar: {exc}") from None
+        for token in output_ids:
+            if not grammar.accept(token):
+                raise ValueError(f"handoff: output token {token} breaks the request's grammar")
+        return grammar
 
     def _rng_key(self, params: SamplingParams) -> int:
         return request_key(params.seed, self.config.seed, next(self._key_counter))
@@ -180,6 +206,7 @@ class EngineCore:
             params=handoff.params,
             arrival_s=handoff.arrival_s,
             rng_key=handoff.rng_key,
+            grammar=self._grammar(handoff.params, handoff.output_ids),
         )
         req.output_ids = list(handoff.output_ids)
         req.prompt_cache_hit = handoff.num_cached_tokens

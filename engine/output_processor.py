@@ -63,6 +63,10 @@ class OutputProcessor:
                 req.first_token_s = now
             if params.logprobs is not None and result.logprob is not None:
                 stream.new_logprobs.append(self._logprob(result, row, j, params.logprobs))
+            if req.grammar is not None and not req.grammar.accept(token):
+                # the device sampled under this grammar's mask: a refusal is an engine bug
+                self.finish(req, "error", error=f"token {token} breaks the request's grammar")
+                break
             n_out = len(req.output_ids)
             if n_out >= params.min_tokens and (
                 token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from engine.kv.radix import RadixNode
 from engine.outputs import TokenLogprob
 from engine.sampling_params import SamplingParams
+from engine.structured.matcher import RequestGrammar
 
 
 class RequestStatus(enum.Enum):
@@ -26,6 +27,7 @@ class Request:
     arrival_s: float
     rng_key: int  # counter-based sampling key (from the seed, or assigned by the engine)
     prefill_only: bool = False  # disaggregated prefill: stop after the first token
+    grammar: RequestGrammar | None = None  # structured output: advanced by each committed token
 
     status: RequestStatus = RequestStatus.WAITING
     fill_ids: list[int] = field(default_factory=list)  # what the current admission prefills

@@ -6,6 +6,8 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from engine.structured.spec import GrammarSpec
+
 MAX_LOGPROBS = 20
 # OpenAI's limits on `logit_bias`: at most 300 entries, each bias in [-100, 100].
 MAX_LOGIT_BIAS_ENTRIES = 300
@@ -100,6 +102,8 @@ class SamplingParams:
     # OpenAI `logit_bias`: token id -> bias in [-100, 100] added to the logits the token is
     # sampled from (not to the reported logprobs). Stored as a LogitBias; {} becomes None.
     logit_bias: Mapping[int, float] | None = None
+    # Structured output: the grammar every generated token must follow (docs/design.md §2.8).
+    grammar: GrammarSpec | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -176,6 +180,11 @@ class SamplingParams:
             "logprobs",
             f"must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
         )
+        if self.grammar is not None:
+            _require(isinstance(self.grammar, GrammarSpec), "grammar", f"must be a GrammarSpec, got {self.grammar!r}")
+            # A finished grammar allows only stop tokens: both options would forbid them.
+            _require(not self.ignore_eos, "ignore_eos", "cannot be combined with a grammar")
+            _require(self.min_tokens == 0, "min_tokens", "cannot be combined with a grammar")
 
     def check_vocab(self, vocab_size: int) -> None:
         """The checks that need the model's vocabulary: every logit_bias id in [0, vocab_size)."""

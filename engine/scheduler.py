@@ -161,13 +161,16 @@ class Scheduler:
         return None
 
     def _wants_decode(self, req: Request) -> bool:
-        """False when the tokens already generated or in flight reach a limit, and for
-        prefill-only requests (disaggregated prefill hands them off instead)."""
+        """False when the tokens already generated or in flight reach a limit, for
+        prefill-only requests (disaggregated prefill hands them off instead), and for a
+        grammar-constrained request whose last token the host has not seen yet: its next
+        mask depends on that token, so it skips a step (docs/design.md §2.8)."""
         produced_lower_bound = len(req.output_ids) + req.inflight_steps
         return (
             not req.prefill_only
             and produced_lower_bound < req.params.max_tokens
             and self._kv_upper_bound(req) + 1 <= self.max_model_len
+            and (req.grammar is None or req.inflight_steps == 0)
         )
 
     def _kv_upper_bound(self, req: Request) -> int:

@@ -1,6 +1,7 @@
 """Where a model comes from: an alias, a Hugging Face directory, a GGUF file, or a Hugging
 Face repo id already in the local cache; and the assets the package ships for an alias (its
-DSpark drafter, engine/assets/drafters/<alias>/). Nothing is downloaded."""
+DSpark drafter, engine/assets/drafters/<alias>/, and a chat template with tool calling where
+the file's own has none, engine/assets/chat_templates/<alias>.jinja). Nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -84,6 +85,17 @@ def shipped_drafter(name: str) -> Path | None:
         return None
     path = ASSETS_DIR / "drafters" / alias
     return path if (path / "drafter.json").is_file() else None
+
+
+def shipped_chat_template(name: str) -> str | None:
+    """The chat template shipped for the model `name` names (an alias or a copy of its file, as
+    for `shipped_drafter`), if there is one. It replaces the file's own template: for a
+    conversation without tools it renders the same text, and it adds tool calling."""
+    alias = name.lower() if name.lower() in ALIASES else _alias_of_copy(name)
+    if alias is None:
+        return None
+    path = ASSETS_DIR / "chat_templates" / f"{alias}.jinja"
+    return path.read_text() if path.is_file() else None
 
 
 def _alias_of_copy(name: str) -> str | None:

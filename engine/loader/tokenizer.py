@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from engine.loader.resolve import ModelNotFoundError, ModelSource
+from engine.loader.resolve import ModelNotFoundError, ModelSource, shipped_chat_template
 
 ROLES = ("system", "user", "assistant", "tool")
 # Turn-end tokens that chat templates close each message with; a model that is prompted with
@@ -53,12 +53,17 @@ class Tokenizer:
 
     @classmethod
     def from_source(cls, source: ModelSource, extra_eos_token_ids: Iterable[int] = ()) -> Tokenizer:
+        """The source's tokenizer, with the chat template shipped for it if there is one
+        (engine.loader.resolve.shipped_chat_template)."""
+        shipped = shipped_chat_template(source.name) or shipped_chat_template(str(source.path))
         if source.kind == "gguf":
-            return cls.from_gguf(source.path, extra_eos_token_ids)
-        return cls.from_hf_dir(source.path, extra_eos_token_ids)
+            return cls.from_gguf(source.path, extra_eos_token_ids, chat_template=shipped)
+        return cls.from_hf_dir(source.path, extra_eos_token_ids, chat_template=shipped)
 
     @classmethod
-    def from_hf_dir(cls, path: Path, extra_eos_token_ids: Iterable[int] = ()) -> Tokenizer:
+    def from_hf_dir(
+        cls, path: Path, extra_eos_token_ids: Iterable[int] = (), chat_template: str | None = None
+    ) -> Tokenizer:
         if not ((path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file()):
             raise ModelNotFoundError(
                 f"no tokenizer in {path}: expected tokenizer.json (and tokenizer_config.json for the chat template)"
@@ -66,10 +71,12 @@ class Tokenizer:
         from transformers import AutoTokenizer
 
         hf_tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        return cls(hf_tokenizer, extra_eos_token_ids=extra_eos_token_ids)
+        return cls(hf_tokenizer, chat_template, extra_eos_token_ids)
 
     @classmethod
-    def from_gguf(cls, path: Path, extra_eos_token_ids: Iterable[int] = ()) -> Tokenizer:
+    def from_gguf(
+        cls, path: Path, extra_eos_token_ids: Iterable[int] = (), chat_template: str | None = None
+    ) -> Tokenizer:
         try:
             from transformers import PreTrainedTokenizerFast
             from transformers.integrations.gguf.gguf_tokenizer_mapping import (
@@ -80,11 +87,11 @@ class Tokenizer:
             from transformers import AutoTokenizer
 
             hf_tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-            return cls(hf_tokenizer, extra_eos_token_ids=extra_eos_token_ids)
+            return cls(hf_tokenizer, chat_template, extra_eos_token_ids)
         architecture, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(path))
         backend, extra_kwargs = convert_gguf_tokenizer(architecture, tokenizer_dict)
         hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **tokenizer_config, **extra_kwargs)
-        return cls(hf_tokenizer, extra_eos_token_ids=extra_eos_token_ids)
+        return cls(hf_tokenizer, chat_template, extra_eos_token_ids)
 
     # -- text <-> ids -----------------------------------------------------------------------
 

@@ -165,12 +165,13 @@ class ModelRunner:
         starts = np.array(step.kv_before, dtype=np.int32)  # plain decode: exact positions
         drafting = self.dspark is not None and self.dspark.setup.drafts_at(len(reqs))
         graphs = self.graphs if drafting or self.dspark is None else self.graphs_without_draft
-        # The captured body samples plain greedy: no penalties, logprobs or logit bias.
+        # The captured body samples plain greedy: no penalties, logprobs, logit bias or grammar.
         graphable = all(
             r.params.greedy
             and not r.params.uses_penalties
             and r.params.logprobs is None
             and r.params.logit_bias is None
+            and r.grammar is None
             for r in reqs
         )
         if graphs is not None and graphable and graphs.bucket_for(len(reqs)) is not None:

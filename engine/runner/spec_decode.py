@@ -16,6 +16,7 @@ batch shrinks.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from engine.attention.backend import AttentionBackend
@@ -23,6 +24,7 @@ from engine.kv.pool import KVPool
 from engine.models.context import CausalLM, ForwardContext
 from engine.request import Request
 from engine.runner.batch_inputs import uniform_window
+from engine.runner.h2d import to_device
 from engine.runner.options import AcceptRule
 from engine.runner.row_sampling import RowSampling
 from engine.runner.step_output import DeviceStepOutput
@@ -115,6 +117,10 @@ class SpecDecoder:
                 temperature <= 0,
             )
         out_tokens, accept_len = result.out_tokens, result.accept_len
+        if any(r.grammar is not None for r in reqs):
+            out_tokens, accept_len = self._grammar_rows_commit_one(
+                logits, rows_d, counters, reqs, out_tokens, accept_len
+            )
         if self.accept_rule is not None:
             out_tokens, accept_len = self.accept_rule(drafts, keys, counters[:, 0])
 
@@ -137,3 +143,24 @@ class SpecDecoder:
             logprobs=self.sampling.window_logprobs(logits, out_tokens, reqs),
             draft_len=torch.full((batch,), gamma, dtype=torch.int32, device=device),
         )
+
+    def _grammar_rows_commit_one(
+        self,
+        logits: torch.Tensor,
+        rows_d: torch.Tensor,
+        counters: torch.Tensor,
+        reqs: list[Request],
+        out_tokens: torch.Tensor,
+        accept_len: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Grammar rows commit one token: the first verify position sampled under the row's
+        mask, exactly as a plain decode step samples it (same law, same counter). The host
+        knows a grammar's mask for that position only, so its drafts are not taken
+        (docs/design.md §2.8); the other rows keep their acceptance."""
+        grammar_rows = to_device(np.array([r.grammar is not None for r in reqs]), rows_d.device)  # [B] bool
+        first = self.sampling.sample(logits[:, 0], rows_d, counters[:, 0], reqs).tokens  # [B]
+        forced = torch.full_like(out_tokens, -1)
+        forced[:, 0] = first
+        out_tokens = torch.where(grammar_rows[:, None], forced, out_tokens)
+        accept_len = torch.where(grammar_rows, torch.ones_like(accept_len), accept_len)
+        return out_tokens, accept_len

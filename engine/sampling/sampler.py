@@ -1,9 +1,9 @@
 """Token sampling: greedy, temperature, top-k / top-p / min-p, penalties, logit bias,
 per-request seeds.
 
-Order (vLLM's): raw logits -> logit bias -> penalties (`processed_logits`, what greedy takes
-the argmax of) -> temperature -> top-k / top-p / min-p -> draw. Logprobs come from the raw
-logits (vLLM's default `raw_logprobs`).
+Order (vLLM's): raw logits -> logit bias -> penalties -> grammar mask (`processed_logits`,
+what greedy takes the argmax of) -> temperature -> top-k / top-p / min-p -> draw. Logprobs
+come from the raw logits (vLLM's default `raw_logprobs`).
 
 Sampling is exact Gumbel-max in its exponential-race form: with E_v = -log(u_v) ~ Exp(1)
 drawn by the counter-based generator (engine.sampling.rng), argmax_v p_v / E_v is v with
@@ -22,6 +22,7 @@ import torch
 
 from engine.sampling import rng
 from engine.sampling.filters import NEG_INF, apply_filters, apply_temperature, keep_sorted
+from engine.sampling.grammar_mask import apply_token_bitmask
 from engine.sampling.logprobs import TokenLogprobs, compute_logprobs
 from engine.sampling.penalties import PenaltyState
 from engine.sampling.rng import Stream
@@ -60,9 +61,10 @@ def processed_logits(
     extra_counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[B, V] float32: `logits` plus each row's logit bias, then penalised (vLLM applies the
-    bias before the penalties). A new tensor whenever it differs: the raw logits stay intact
-    for logprobs. `rows` [B] are the batch rows' PenaltyState rows; `extra_counts` [B, V]
-    int32 counts tokens not yet committed (`PenaltyState.apply`)."""
+    bias before the penalties), then masked by each grammar row's token bitmask. A new tensor
+    whenever it differs: the raw logits stay intact for logprobs. `rows` [B] are the batch
+    rows' PenaltyState rows; `extra_counts` [B, V] int32 counts tokens not yet committed
+    (`PenaltyState.apply`)."""
     logits = logits.float()
     if st.logit_bias is not None:
         logits = st.logit_bias.apply(logits)
@@ -70,6 +72,8 @@ def processed_logits(
         if rows is None:
             raise ValueError("penalties need `rows`, each batch row's row in the PenaltyState")
         logits = penalties.apply(logits, rows, st, extra_counts)
+    if st.token_bitmask is not None:
+        logits = apply_token_bitmask(logits, st.token_bitmask)
     return logits
 
 

@@ -127,6 +127,9 @@ class SamplingTensors:
     greedy: torch.Tensor  # [B] bool
     flags: SamplingFlags
     logit_bias: LogitBiasRows | None = None  # [B, K] pairs; None: no row has a bias (host-known)
+    # [B, ceil(V / 32)] int32 grammar masks (bit t % 32 of word t // 32 allows token t; all
+    # ones on rows without a grammar); None: no row has a grammar (host-known)
+    token_bitmask: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -216,3 +219,7 @@ class SamplingTensors:
     def with_logit_bias(self, logit_bias: LogitBiasRows | None) -> SamplingTensors:
         """The same batch with these logit-bias pairs ([B, K], or None for no bias)."""
         return dataclasses.replace(self, logit_bias=logit_bias)
+
+    def with_token_bitmask(self, token_bitmask: torch.Tensor | None) -> SamplingTensors:
+        """The same batch under these grammar masks ([B, words] int32, or None for none)."""
+        return dataclasses.replace(self, token_bitmask=token_bitmask)

@@ -281,6 +281,11 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
         default=(),
         help="extra model ids accepted besides the workers' own (comma-separated)",
     )
+    group.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="tool-call syntax of the model's output: hermes, llama3_json or mistral (default: from the chat template)",
+    )
     group.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024, help="request body limit (413 above)")
     group.add_argument(
         "--max-queued-per-worker",
@@ -320,6 +325,7 @@ def gateway_config_from_args(args: argparse.Namespace) -> Any:
     return GatewayConfig(
         served_model_names=tuple(args.served_model_name),
         api_keys=tuple(args.api_keys),
+        tool_call_parser=args.tool_call_parser,
         max_body_bytes=args.max_body_bytes,
         kv_transfer_timeout_s=args.kv_transfer_timeout,
         pool=PoolConfig(

@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI
@@ -37,8 +37,10 @@ from services.gateway.errors import (
     ServiceUnavailable,
 )
 from services.gateway.pool import Discovery, Replica, WorkerPool
+from services.gateway.preprocess import tokenizer_vocab_size
 from services.gateway.responses import TokenText
 from services.gateway.serving import Generation, GenerationRunner, new_response_id
+from services.gateway.structured_output import GrammarCheck
 from services.gateway.telemetry import UNKNOWN_MODEL, RequestMetrics, RequestTimer, WorkerStatsExporter
 from services.gateway.utility_routes import install_utility_routes
 from services.metrics import Metrics
@@ -67,6 +69,7 @@ class Gateway:
     exporter: WorkerStatsExporter
     runner: GenerationRunner
     started_s: float
+    grammars: GrammarCheck = field(default_factory=GrammarCheck)
     _token_text: TokenText | None = None
 
     def model_info(self) -> tuple[str, int, Any]:
@@ -176,8 +179,19 @@ def create_app(
             gateway.check_model(req.model, model)
             include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
             response_id = new_response_id(endpoint.id_prefix)
-            served = Served(response_id, model, max_model_len, tokenizer, gateway.token_text(tokenizer), include_usage)
+            served = Served(
+                response_id,
+                model,
+                max_model_len,
+                tokenizer,
+                gateway.token_text(tokenizer),
+                include_usage,
+                config.tool_call_parser,
+            )
             plan = endpoint.plan(req, served)
+            if plan.grammar is not None:
+                vocab_size = tokenizer_vocab_size(tokenizer) or 0
+                await gateway.grammars.check(plan.grammar, plan.grammar_param, tokenizer, vocab_size)
             gen = Generation(response_id, model, plan.jobs, plan.num_prompts, bool(req.stream), plan.formatter, timer)
             return await gateway.runner.run(gen, request)
 

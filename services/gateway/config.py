@@ -12,6 +12,7 @@ from services.router import RouterConfig
 class GatewayConfig:
     served_model_names: tuple[str, ...] = ()  # extra ids accepted in "model" besides the workers' own
     api_keys: tuple[str, ...] = ()  # empty: no authentication
+    tool_call_parser: str | None = None  # None: chosen from the chat template (tool_parsers.parser_for)
     max_body_bytes: int = 8 * 1024 * 1024
     add_timeout_s: float = 60.0  # a worker must accept (or refuse) a request within this
     kv_transfer_timeout_s: float = 30.0
@@ -26,3 +27,10 @@ class GatewayConfig:
             raise ValueError(f"kv_transfer_timeout_s must be > 0, got {self.kv_transfer_timeout_s}")
         if any(not key for key in self.api_keys):
             raise ValueError("api_keys must not contain empty keys")
+        if self.tool_call_parser is not None:
+            from services.gateway.tool_parsers import PARSERS
+
+            if self.tool_call_parser not in PARSERS:
+                raise ValueError(
+                    f"tool_call_parser: unknown {self.tool_call_parser!r}; known: {', '.join(sorted(PARSERS))}"
+                )

@@ -8,6 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from engine.structured import GrammarSpec
+from services.gateway.chat_tool_calls import ChoiceToolCalls
+from services.gateway.errors import InvalidRequest
 from services.gateway.preprocess import Job, chat_jobs, completion_jobs, tokenizer_vocab_size
 from services.gateway.protocol import (
     ChatCompletionRequest,
@@ -17,6 +20,9 @@ from services.gateway.protocol import (
     parse_completion,
 )
 from services.gateway.responses import ChatFormatter, CompletionFormatter, Formatter, TokenText
+from services.gateway.structured_output import chat_grammar, guided_grammar
+from services.gateway.tool_choice import renders_tools
+from services.gateway.tool_parsers import ToolParser, parser_for
 
 Req = TypeVar("Req", bound=_SamplingFields)
 
@@ -31,6 +37,7 @@ class Served:
     tokenizer: Any
     token_text: TokenText
     include_usage: bool
+    tool_call_parser: str | None = None  # --tool-call-parser; None: from the chat template
 
 
 @dataclass(frozen=True)
@@ -38,6 +45,8 @@ class Plan:
     jobs: list[Job]
     num_prompts: int
     formatter: Formatter
+    grammar: GrammarSpec | None = None  # what every choice's output must follow
+    grammar_param: str = ""  # the field it came from, named if it cannot be compiled
 
 
 @dataclass(frozen=True)
@@ -47,21 +56,43 @@ class Endpoint(Generic[Req]):
     plan: Callable[[Req, Served], Plan]
 
 
+def _tool_parser(req: ChatCompletionRequest, served: Served) -> type[ToolParser] | None:
+    """The parser of the model's tool-call syntax when the request's tools are in play."""
+    if not renders_tools(req):
+        return None
+    try:
+        parser = parser_for(served.tool_call_parser, getattr(served.tokenizer, "chat_template", None))
+    except ValueError as exc:  # the configured name was checked at start; kept for embedders
+        raise InvalidRequest(f"tools: {exc}", param="tools", code="unsupported_parameter") from None
+    if parser is None:
+        raise InvalidRequest(
+            "tools: this model's chat template writes no tool-call syntax the server knows; "
+            "start the gateway with --tool-call-parser",
+            param="tools",
+            code="unsupported_parameter",
+        )
+    return parser
+
+
 def _chat_plan(req: ChatCompletionRequest, served: Served) -> Plan:
-    jobs = chat_jobs(req, served.tokenizer, served.max_model_len)
+    parser = _tool_parser(req, served)
+    grammar, grammar_param = chat_grammar(req, parser)
+    jobs = chat_jobs(req, served.tokenizer, served.max_model_len, grammar)
     formatter = ChatFormatter(
         served.response_id,
         served.model,
         served.token_text,
         logprobs=bool(req.logprobs),
         include_usage=served.include_usage,
+        tool_calls=ChoiceToolCalls(parser()) if parser is not None else None,
     )
-    return Plan(jobs, 1, formatter)
+    return Plan(jobs, 1, formatter, grammar, grammar_param)
 
 
 def _completion_plan(req: CompletionRequest, served: Served) -> Plan:
     tokenizer = served.tokenizer
-    jobs, prompts = completion_jobs(req, tokenizer, served.max_model_len, tokenizer_vocab_size(tokenizer))
+    grammar, grammar_param = guided_grammar(req)
+    jobs, prompts = completion_jobs(req, tokenizer, served.max_model_len, tokenizer_vocab_size(tokenizer), grammar)
     echo = [tokenizer.decode(p, skip_special_tokens=False) for p in prompts] if req.echo else None
     formatter = CompletionFormatter(
         served.response_id,
@@ -72,7 +103,7 @@ def _completion_plan(req: CompletionRequest, served: Served) -> Plan:
         echo_texts=echo,
         n=req.n,
     )
-    return Plan(jobs, len(prompts), formatter)
+    return Plan(jobs, len(prompts), formatter, grammar, grammar_param)
 
 
 CHAT = Endpoint("chatcmpl", parse_chat, _chat_plan)

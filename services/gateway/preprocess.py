@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.sampling_params import SamplingParams
+from engine.structured import GrammarSpec
 from services.gateway.errors import ContextLengthExceeded, InvalidRequest, field_error
 from services.gateway.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
+from services.gateway.tool_choice import template_message, template_tools
 
 
 @dataclass(frozen=True)
@@ -28,9 +30,16 @@ def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: in
 
 
 def sampling_params(
-    req: _SamplingFields, *, max_tokens: int, logprobs: int | None, sample: int, logprobs_param: str
+    req: _SamplingFields,
+    *,
+    max_tokens: int,
+    logprobs: int | None,
+    sample: int,
+    logprobs_param: str,
+    grammar: GrammarSpec | None = None,
+    vocab_size: int | None = None,
 ) -> SamplingParams:
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"grammar": grammar, "logit_bias": logit_bias(req.logit_bias)}
     for name in (
         "temperature",
         "top_p",
@@ -54,7 +63,10 @@ def sampling_params(
     if req.seed is not None:
         kwargs["seed"] = req.seed + sample  # distinct, reproducible samples for n > 1
     try:
-        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **kwargs)
+        params = SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **kwargs)
+        if vocab_size is not None:
+            params.check_vocab(vocab_size)
+        return params
     except ValueError as exc:
         message = str(exc)
         if message.startswith("logprobs:") and logprobs_param != "logprobs":
@@ -64,10 +76,31 @@ def sampling_params(
         raise InvalidRequest(f"invalid sampling parameter: {exc}", code="invalid_value") from None
 
 
-def chat_prompt(req: ChatCompletionRequest, tokenizer: Any) -> list[int]:
-    messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in req.messages]
+def logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's `logit_bias` has token ids as JSON object keys (strings)."""
+    if not raw:
+        return None
+    biases: dict[int, float] = {}
+    for key, value in raw.items():
+        if not key.isdigit():
+            raise InvalidRequest(
+                f"logit_bias: keys must be token ids (non-negative integers), got {key!r}",
+                param="logit_bias",
+                code="invalid_value",
+            )
+        biases[int(key)] = value
+    return biases
+
+
+def chat_prompt(
+    req: ChatCompletionRequest, tokenizer: Any, *, add_generation_prompt: bool = True, add_special_tokens: bool = False
+) -> list[int]:
+    """The prompt token ids of a conversation, rendered with its tools by the chat template."""
+    messages = [template_message(m) for m in req.messages]
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tools=template_tools(req)
+        )
     except ValueError as exc:
         raise InvalidRequest(f"messages: {exc}", param="messages", code="invalid_value") from None
     except Exception as exc:  # template errors (jinja raise_exception and the like) are the caller's input
@@ -76,10 +109,12 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: Any) -> list[int]:
             param="messages",
             code="invalid_value",
         ) from None
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
-def chat_jobs(req: ChatCompletionRequest, tokenizer: Any, max_model_len: int) -> list[Job]:
+def chat_jobs(
+    req: ChatCompletionRequest, tokenizer: Any, max_model_len: int, grammar: GrammarSpec | None = None
+) -> list[Job]:
     prompt = chat_prompt(req, tokenizer)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
@@ -90,7 +125,15 @@ def chat_jobs(req: ChatCompletionRequest, tokenizer: Any, max_model_len: int) ->
             i,
             0,
             prompt,
-            sampling_params(req, max_tokens=max_tokens, logprobs=logprobs, sample=i, logprobs_param="top_logprobs"),
+            sampling_params(
+                req,
+                max_tokens=max_tokens,
+                logprobs=logprobs,
+                sample=i,
+                logprobs_param="top_logprobs",
+                grammar=grammar,
+                vocab_size=tokenizer_vocab_size(tokenizer),
+            ),
         )
         for i in range(req.n)
     ]
@@ -121,7 +164,11 @@ def completion_prompts(req: CompletionRequest, tokenizer: Any, vocab_size: int |
 
 
 def completion_jobs(
-    req: CompletionRequest, tokenizer: Any, max_model_len: int, vocab_size: int | None
+    req: CompletionRequest,
+    tokenizer: Any,
+    max_model_len: int,
+    vocab_size: int | None,
+    grammar: GrammarSpec | None = None,
 ) -> tuple[list[Job], list[list[int]]]:
     prompts = completion_prompts(req, tokenizer, vocab_size)
     jobs: list[Job] = []
@@ -134,7 +181,13 @@ def completion_jobs(
                     p,
                     prompt,
                     sampling_params(
-                        req, max_tokens=max_tokens, logprobs=req.logprobs, sample=i, logprobs_param="logprobs"
+                        req,
+                        max_tokens=max_tokens,
+                        logprobs=req.logprobs,
+                        sample=i,
+                        logprobs_param="logprobs",
+                        grammar=grammar,
+                        vocab_size=vocab_size,
                     ),
                 )
             )

@@ -1,8 +1,8 @@
 """Request bodies of the OpenAI API (chat completions and legacy completions), validated
 strictly: a wrong type is a 400 naming the field, never a coercion or a 5xx.
 
-Unknown fields are ignored (clients send many); fields whose meaning we cannot honour
-(tools, response formats, logit biases) are refused rather than silently ignored.
+Unknown fields are ignored (clients send many); fields whose meaning we cannot honour are
+refused with a 400 naming the field rather than silently ignored.
 Extensions shared with other servers: top_k, min_p, repetition_penalty, min_tokens,
 ignore_eos, stop_token_ids, skip_special_tokens, include_stop_str_in_output.
 """
@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.gateway.errors import InvalidRequest
+from services.gateway.tool_choice import check_tools
 
 MAX_N = 16
 
@@ -32,11 +33,47 @@ class TextPart(_Body):
     text: str
 
 
+FUNCTION_NAME_PATTERN = r"^[a-zA-Z0-9_.-]{1,64}$"
+
+
+class FunctionDefinition(_Body):
+    name: Annotated[str, Field(pattern=FUNCTION_NAME_PATTERN)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema object; checked by tools.check_tools
+    strict: bool | None = None
+
+
+class ToolDefinition(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionCall(_Body):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -44,6 +81,18 @@ class ChatMessage(_Body):
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.text for part in self.content)
+
+
+class JSONSchemaFormat(_Body):
+    name: Annotated[str, Field(pattern=FUNCTION_NAME_PATTERN)]
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
 
 
 class _SamplingFields(_Body):
@@ -67,6 +116,11 @@ class _SamplingFields(_Body):
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     logit_bias: dict[str, float] | None = None
+    # vLLM's structured-output extensions (at most one; chat also takes response_format)
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)] | None = None
+    guided_grammar: str | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -75,10 +129,11 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool | None = False
     top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -96,12 +151,13 @@ class CompletionRequest(_SamplingFields):
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
-    # drop pydantic's union-branch tags ("str", "list[int]", "function-after[...]")
+    # drop pydantic's union-branch tags ("str", "list[int]", "function-after[...]", a model's
+    # class name); the API's own field names are lower case
     parts: list[str] = []
     for item in loc:
         if isinstance(item, int):
             parts.append(f"[{item}]")
-        elif "[" in item or item in {"str", "int", "float", "bool", "list", "dict", "none"}:
+        elif "[" in item or item[:1].isupper() or item in {"str", "int", "float", "bool", "list", "dict", "none"}:
             continue
         else:
             parts.append(("." if parts else "") + item)
@@ -128,22 +184,13 @@ def parse_chat(body: dict[str, Any]) -> ChatCompletionRequest:
         request = ChatCompletionRequest.model_validate(body)
     except ValidationError as exc:
         raise validation_error(exc) from None
-    if request.tools or request.functions:
+    if request.functions:
         raise InvalidRequest(
-            "tools: tool calling is not supported by this server", param="tools", code="unsupported_parameter"
-        )
-    if request.tool_choice not in (None, "none", "auto"):
-        raise InvalidRequest(
-            "tool_choice: tool calling is not supported by this server",
-            param="tool_choice",
+            "functions: deprecated by OpenAI and not supported; send tools instead",
+            param="functions",
             code="unsupported_parameter",
         )
-    if request.response_format is not None and request.response_format.get("type", "text") != "text":
-        raise InvalidRequest(
-            'response_format: only {"type": "text"} is supported',
-            param="response_format",
-            code="unsupported_parameter",
-        )
+    check_tools(request)
     if request.top_logprobs is not None and not request.logprobs:
         raise InvalidRequest("top_logprobs: requires logprobs to be true", param="top_logprobs", code="invalid_value")
     _check_common(request)
@@ -168,10 +215,6 @@ def parse_completion(body: dict[str, Any]) -> CompletionRequest:
 
 
 def _check_common(request: _SamplingFields) -> None:
-    if request.logit_bias:
-        raise InvalidRequest(
-            "logit_bias: not supported by this server", param="logit_bias", code="unsupported_parameter"
-        )
     if request.stream_options is not None and not request.stream:
         raise InvalidRequest(
             "stream_options: only allowed when stream is true", param="stream_options", code="invalid_value"

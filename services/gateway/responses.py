@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.outputs import RequestOutput, TokenLogprob
+from services.gateway.chat_tool_calls import ChoiceToolCalls
 
 MIN_LOGPROB = -9999.0  # what OpenAI reports for impossible tokens; JSON has no -Infinity
 
@@ -143,34 +144,49 @@ class _Formatter:
         if not out.new_text and not (self.logprobs and out.new_logprobs):
             return None
         content, logprobs = self._delta(index, out)
+        if content == {"delta": {}} and logprobs is None:  # a tool-call parser holds the text back
+            return None
         return self._chunk([self._choice(index, content, logprobs, None)])
 
     def final_chunk(self, index: int, state: ChoiceState) -> dict[str, Any]:
-        finish_reason = openai_finish_reason(state.finish_reason)
-        return self._chunk([self._choice(index, self._empty_delta(), None, finish_reason)])
+        content, finish_reason = self._final_delta(index, openai_finish_reason(state.finish_reason))
+        return self._chunk([self._choice(index, content, None, finish_reason)])
 
     def full(self, states: list[ChoiceState], usage: Usage) -> dict[str, Any]:
-        choices = [
-            self._choice(index, *self._whole(index, state), openai_finish_reason(state.finish_reason))
-            for index, state in enumerate(states)
-        ]
+        choices = [self._choice(index, *self._whole(index, state)) for index, state in enumerate(states)]
         return {**self._envelope(self.object_full, choices), "usage": usage.body()}
 
     def _delta(self, index: int, out: RequestOutput) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """The content fields and logprobs of a streamed piece of a choice."""
         raise NotImplementedError
 
-    def _empty_delta(self) -> dict[str, Any]:
+    def _final_delta(self, index: int, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        """The content fields of a choice's last chunk, and its finish reason."""
         raise NotImplementedError
 
-    def _whole(self, index: int, state: ChoiceState) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        """The content fields and logprobs of a whole choice."""
+    def _whole(self, index: int, state: ChoiceState) -> tuple[dict[str, Any], dict[str, Any] | None, str | None]:
+        """The content fields, logprobs and finish reason of a whole choice."""
         raise NotImplementedError
 
 
 class ChatFormatter(_Formatter):
+    """Chat choices; with `tool_calls`, their text is parsed into OpenAI tool calls."""
+
     object_full = "chat.completion"
     object_chunk = "chat.completion.chunk"
+
+    def __init__(
+        self,
+        response_id: str,
+        model: str,
+        token_text: TokenText,
+        *,
+        logprobs: bool,
+        include_usage: bool,
+        tool_calls: ChoiceToolCalls | None = None,
+    ) -> None:
+        super().__init__(response_id, model, token_text, logprobs=logprobs, include_usage=include_usage)
+        self.tool_calls = tool_calls
 
     def opening_chunk(self, index: int) -> dict[str, Any]:
         return self._chunk([self._choice(index, {"delta": {"role": "assistant", "content": ""}}, None, None)])
@@ -179,14 +195,25 @@ class ChatFormatter(_Formatter):
         return chat_logprobs(entries, self.token_text) if self.logprobs else None
 
     def _delta(self, index: int, out: RequestOutput) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        return {"delta": {"content": out.new_text}}, self._logprobs(list(out.new_logprobs))
+        if self.tool_calls is None:
+            delta: dict[str, Any] = {"content": out.new_text}
+        else:
+            delta = self.tool_calls.feed(index, out.new_text)
+        return {"delta": delta}, self._logprobs(list(out.new_logprobs))
 
-    def _empty_delta(self) -> dict[str, Any]:
-        return {"delta": {}}
+    def _final_delta(self, index: int, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        if self.tool_calls is None:
+            return {"delta": {}}, finish_reason
+        held, finish_reason = self.tool_calls.finish(index, finish_reason)
+        return {"delta": held}, finish_reason
 
-    def _whole(self, index: int, state: ChoiceState) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        message = {"role": "assistant", "content": state.text, "refusal": None}
-        return {"message": message}, self._logprobs(state.logprobs)
+    def _whole(self, index: int, state: ChoiceState) -> tuple[dict[str, Any], dict[str, Any] | None, str | None]:
+        finish_reason = openai_finish_reason(state.finish_reason)
+        if self.tool_calls is None:
+            message: dict[str, Any] = {"role": "assistant", "content": state.text, "refusal": None}
+        else:
+            message, finish_reason = self.tool_calls.message(state.text, finish_reason)
+        return {"message": message}, self._logprobs(state.logprobs), finish_reason
 
 
 class CompletionFormatter(_Formatter):
@@ -226,12 +253,13 @@ class CompletionFormatter(_Formatter):
         self._offsets[index] = offset + len(out.new_text)
         return {"text": out.new_text}, self._logprobs(list(out.new_logprobs), offset)
 
-    def _empty_delta(self) -> dict[str, Any]:
-        return {"text": ""}
+    def _final_delta(self, index: int, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+        return {"text": ""}, finish_reason
 
-    def _whole(self, index: int, state: ChoiceState) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    def _whole(self, index: int, state: ChoiceState) -> tuple[dict[str, Any], dict[str, Any] | None, str | None]:
         prefix = self._echo(index)
-        return {"text": prefix + state.text}, self._logprobs(state.logprobs, len(prefix))
+        logprobs = self._logprobs(state.logprobs, len(prefix))
+        return {"text": prefix + state.text}, logprobs, openai_finish_reason(state.finish_reason)
 
 
 Formatter = ChatFormatter | CompletionFormatter

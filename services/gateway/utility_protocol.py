@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError
 
 from services.gateway.errors import InvalidRequest
-from services.gateway.protocol import ChatMessage, _Body, validation_error
+from services.gateway.protocol import ChatMessage, ToolDefinition, _Body, validation_error
 
 
 class TokenizePromptRequest(_Body):
@@ -31,7 +31,7 @@ class TokenizeChatRequest(_Body):
     add_special_tokens: bool = False
     return_token_strs: bool | None = False
     continue_final_message: bool = False
-    tools: list[Any] | None = None
+    tools: list[ToolDefinition] | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -61,13 +61,9 @@ def parse_tokenize(body: dict[str, Any]) -> TokenizeRequest:
 
 
 def _check_chat_fields(request: TokenizeChatRequest) -> None:
-    # The conversation is rendered by preprocess.chat_prompt exactly as for a chat completion
-    # (generation prompt on, no special tokens beyond the template's, no tools passed from
-    # here): a request for another rendering would get tokens that function cannot produce.
+    # The conversation is rendered by preprocess.chat_prompt exactly as for a chat completion;
+    # options of other renderings are refused rather than ignored.
     refused = {
-        "add_generation_prompt": "only true is supported with messages" if not request.add_generation_prompt else "",
-        "add_special_tokens": "only false is supported with messages" if request.add_special_tokens else "",
-        "tools": "not supported by /tokenize" if request.tools else "",
         "continue_final_message": "not supported by this server" if request.continue_final_message else "",
         "chat_template": "not supported by this server" if request.chat_template is not None else "",
         "chat_template_kwargs": "not supported by this server" if request.chat_template_kwargs else "",

@@ -84,9 +84,14 @@ def install_utility_routes(app: FastAPI, gateway: Gateway) -> None:
 
 def tokenize_response(req: TokenizeRequest, tokenizer: Any, max_model_len: int) -> JSONResponse:
     if isinstance(req, TokenizeChatRequest):
-        # chat_prompt reads only the messages, which the tokenize body has validated
-        chat = ChatCompletionRequest.model_construct(model=req.model or "", messages=req.messages)
-        tokens = chat_prompt(chat, tokenizer)
+        # chat_prompt reads only the messages and tools, which the tokenize body has validated
+        chat = ChatCompletionRequest.model_construct(model=req.model or "", messages=req.messages, tools=req.tools)
+        tokens = chat_prompt(
+            chat,
+            tokenizer,
+            add_generation_prompt=req.add_generation_prompt,
+            add_special_tokens=req.add_special_tokens,
+        )
     else:
         tokens = list(tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens))
     token_strs = list(tokenizer.convert_ids_to_tokens(tokens)) if req.return_token_strs else None

@@ -19,6 +19,7 @@ from engine.sampling_params import SamplingParams
 from tests.data.prompts import CHAT_PROMPTS
 from tests.engine.conftest import random_drafter_dir
 from tests.engine.engine_driver import chat_ids, run
+from tests.models.model_harness import last_logits
 
 
 @pytest.fixture(scope="module")
@@ -143,24 +144,10 @@ def _second_token_law(loaded, prompt: list[int], params: SamplingParams) -> np.n
     st = SamplingTensors.from_params([params] * vocab, [0] * vocab, "cpu", vocab_size=vocab)
     with torch.inference_mode():
         p1 = processed_probs(
-            _last_logits(model, [prompt]), SamplingTensors.from_params([params], [0], "cpu", vocab_size=vocab)
+            last_logits(model, [prompt]), SamplingTensors.from_params([params], [0], "cpu", vocab_size=vocab)
         )[0]
-        p2 = processed_probs(_last_logits(model, [prompt + [t] for t in range(vocab)]), st)  # [V, V]
+        p2 = processed_probs(last_logits(model, [prompt + [t] for t in range(vocab)]), st)  # [V, V]
     return (p1[:, None] * p2).sum(0).double().numpy()
-
-
-def _last_logits(model, sequences: list[list[int]]) -> torch.Tensor:
-    from engine.models.context import ForwardContext
-    from tests.models.model_harness import DenseKVCache, DenseTestBackend, make_metadata
-
-    rows = []
-    for seq in sequences:
-        attn = model.model.layers[0].self_attn
-        cache = DenseKVCache(len(model.model.layers), attn.num_kv_heads, attn.head_dim, 1, len(seq) + 1)
-        meta, positions = make_metadata(cache, [0], [0], [len(seq)])
-        hidden = model(torch.tensor(seq), positions, ForwardContext(meta=meta, kv=cache, backend=DenseTestBackend()))
-        rows.append(model.compute_logits(hidden[-1:])[0])
-    return torch.stack(rows)
 
 
 @pytest.mark.parametrize(

@@ -151,3 +151,18 @@ def greedy_generate(
         out.tokens.append(token)
         pending = [token]
     return out
+
+
+def last_logits(model: torch.nn.Module, sequences: list[list[int]]) -> torch.Tensor:
+    """[S, V] logits of the last position of each sequence, each from one full forward
+    over a dense cache: the reference the engine's incremental steps are checked against."""
+    from engine.models.context import ForwardContext
+
+    rows = []
+    for seq in sequences:
+        attn = model.model.layers[0].self_attn
+        cache = DenseKVCache(len(model.model.layers), attn.num_kv_heads, attn.head_dim, 1, len(seq) + 1)
+        meta, positions = make_metadata(cache, [0], [0], [len(seq)])
+        hidden = model(torch.tensor(seq), positions, ForwardContext(meta=meta, kv=cache, backend=DenseTestBackend()))
+        rows.append(model.compute_logits(hidden[-1:])[0])
+    return torch.stack(rows)

@@ -73,18 +73,48 @@ def test_missing_model_is_missing_required_parameter() -> None:
     assert info.value.code == "missing_required_parameter" and info.value.param == "model"
 
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
 @pytest.mark.parametrize(
     ("changes", "param"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"tool_choice": {"type": "function"}}, "tool_choice"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"logit_bias": {"50256": -100}}, "logit_bias"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tool_choice": {"type": "function"}}, "tool_choice.function"),
+        (
+            {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+            "tool_choice.function.name",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "wat"}}}]},
+            "tools[0].function.parameters",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]},
+            "tools[0].function.parameters",
+        ),
+        ({"tools": [TOOL, TOOL]}, "tools[1].function.name"),
+        ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": "x",
+                        "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}],
+                    }
+                ]
+            },
+            "messages[0].tool_calls",
+        ),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
     ],
 )
-def test_semantics_we_cannot_honour_are_refused(changes: dict[str, object], param: str) -> None:
+def test_invalid_or_unsupported_fields_are_refused_naming_them(changes: dict[str, object], param: str) -> None:
     with pytest.raises(InvalidRequest) as info:
         parse_chat(chat(**changes))
     assert info.value.param == param

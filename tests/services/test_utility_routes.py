@@ -135,7 +135,7 @@ BAD_BODIES: list[tuple[str, bytes, int, str | None]] = [
     ),
     (
         "/tokenize",
-        b'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "x"}], "add_generation_prompt": false}',
+        b'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "x"}], "add_generation_prompt": 0}',
         400,
         "add_generation_prompt",
     ),
@@ -143,7 +143,7 @@ BAD_BODIES: list[tuple[str, bytes, int, str | None]] = [
         "/tokenize",
         b'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}',
         400,
-        "tools",
+        "tools[0].function",
     ),
     ("/tokenize", b'{"model": "gpt-9", "prompt": "x"}', 404, "model"),
     ("/tokenize", b'{"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}', 404, "model"),

@@ -1,0 +1,31 @@
+"""One request's place in its grammar (host only): which tokens may come next, advanced by
+each committed token. docs/design.md §2.8 says when the engine fills and advances it."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import xgrammar as xgr
+
+
+def bitmask_words(vocab_size: int) -> int:
+    """int32 words of one row's token bitmask: bit `t % 32` of word `t // 32` allows token t."""
+    return (vocab_size + 31) // 32
+
+
+class RequestGrammar:
+    def __init__(self, compiled: xgr.CompiledGrammar) -> None:
+        self._matcher = xgr.GrammarMatcher(compiled)
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by a committed token; False if the grammar forbids it (state unchanged)."""
+        return bool(self._matcher.accept_token(token_id))
+
+    def fill(self, bitmask: np.ndarray, row: int) -> None:
+        """Write the allowed next tokens into `bitmask[row]` (an int32 [rows, words] array)."""
+        self._matcher.fill_next_token_bitmask(torch.from_numpy(bitmask), row)
+
+    @property
+    def is_terminated(self) -> bool:
+        """A stop token was accepted: nothing may follow."""
+        return bool(self._matcher.is_terminated())
