@@ -279,7 +279,8 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
         "--served-model-name",
         type=comma_list,
         default=(),
-        help="extra model ids accepted besides the workers' own (comma-separated)",
+        help="model ids to serve the model as (comma-separated): responses and /v1/models report these, the "
+        "first in responses; the workers' own id stays accepted in requests",
     )
     group.add_argument(
         "--tool-call-parser",

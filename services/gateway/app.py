@@ -80,6 +80,10 @@ class Gateway:
             raise ServiceUnavailable("No workers are ready yet; retry shortly.")
         return info.model_name, info.max_model_len, tokenizer
 
+    def served_name(self, model: str) -> str:
+        """The model id responses report: the first --served-model-name, else the workers' own."""
+        return self.config.served_model_names[0] if self.config.served_model_names else model
+
     def token_text(self, tokenizer: Any) -> TokenText:
         if self._token_text is None or self._token_text.tokenizer is not tokenizer:
             self._token_text = TokenText(tokenizer)
@@ -181,7 +185,7 @@ def create_app(
             response_id = new_response_id(endpoint.id_prefix)
             served = Served(
                 response_id,
-                model,
+                gateway.served_name(model),
                 max_model_len,
                 tokenizer,
                 gateway.token_text(tokenizer),
@@ -209,7 +213,7 @@ def create_app(
         info = pool.any_info()
         if info is None:
             return JSONResponse({"object": "list", "data": []})
-        names = [info.model_name, *[n for n in config.served_model_names if n != info.model_name]]
+        names = list(config.served_model_names) or [info.model_name]
         return JSONResponse(
             {"object": "list", "data": [_model_card(n, info.max_model_len, gateway.started_s) for n in names]}
         )

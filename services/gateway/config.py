@@ -10,7 +10,9 @@ from services.router import RouterConfig
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    served_model_names: tuple[str, ...] = ()  # extra ids accepted in "model" besides the workers' own
+    # ids the model is served as: /v1/models lists them, responses report the first; requests may
+    # also name the workers' own id
+    served_model_names: tuple[str, ...] = ()
     api_keys: tuple[str, ...] = ()  # empty: no authentication
     tool_call_parser: str | None = None  # None: chosen from the chat template (tool_parsers.parser_for)
     max_body_bytes: int = 8 * 1024 * 1024

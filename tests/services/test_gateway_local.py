@@ -221,6 +221,18 @@ GARBAGE: list[Any] = [
     [[[]]],
     [{"role": "user", "content": "hi"}],
     [{"role": "user", "content": ["a"]}],
+    # structured output and tools: shapes that parse, schemas and patterns that cannot compile
+    "required",
+    "(unclosed",
+    "root ::= ",
+    ["a", ""],
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}},
+    {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/nope"}}},
+    {"type": "function", "function": {"name": "f"}},
+    [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#/nope"}}}],
+    [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "minProperties": "x"}}}],
+    {"type": "object", "properties": {"a": {"type": "string", "pattern": "("}}},
+    {"50256": 100, "1": -100},
 ]
 FIELDS = [
     "model",
@@ -246,7 +258,13 @@ FIELDS = [
     "stop_token_ids",
     "logit_bias",
     "tools",
+    "tool_choice",
+    "parallel_tool_calls",
     "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
 ]
 
 
@@ -340,3 +358,18 @@ def test_api_keys_body_limit_and_overload(loop: EngineLoop) -> None:
         assert 'dspark_requests_total{model="smollm2-135m",role="gateway",status="429"} 1.0' in metrics
         assert 'dspark_requests_total{model="unknown",role="gateway",status="413"} 1.0' in metrics
         assert 'dspark_requests_total{model="unknown",role="gateway",status="401"} 2.0' in metrics
+
+
+def test_served_model_name_renames_the_model(loop: EngineLoop) -> None:
+    with start_gateway(loop, GatewayConfig(served_model_names=("my-model", "alias"))) as url:
+        wait_ready(url, 60)
+        listed = [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]]
+        assert listed == ["my-model", "alias"]
+        for requested in ("alias", MODEL):  # the workers' own id stays accepted
+            body = {"model": requested, "messages": messages("hi"), "max_tokens": 2}
+            response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+            assert response.status_code == 200 and response.json()["model"] == "my-model"
+            details = response.json()["usage"]["completion_tokens_details"]
+            assert details == {"reasoning_tokens": 0, "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}
+        unknown = httpx.post(f"{url}/v1/chat/completions", json={**body, "model": "gpt-9"}, timeout=60)
+        assert unknown.status_code == 404
