@@ -8,11 +8,12 @@ import re
 import threading
 from collections.abc import Iterable
 from functools import lru_cache
-from typing import Any
-
-import xgrammar as xgr
+from typing import TYPE_CHECKING, Any
 
 from engine.structured.spec import GrammarSpec
+
+if TYPE_CHECKING:  # imported on first use: engines that serve no grammar never load it
+    import xgrammar as xgr
 
 
 class GrammarError(ValueError):
@@ -24,6 +25,8 @@ class GrammarCompiler:
     threads to validate requests, the engine when a request arrives."""
 
     def __init__(self, hf_tokenizer: Any, vocab_size: int, stop_token_ids: Iterable[int]) -> None:
+        import xgrammar as xgr
+
         self.vocab_size = vocab_size
         info = xgr.TokenizerInfo.from_huggingface(
             hf_tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(set(stop_token_ids))
@@ -51,6 +54,8 @@ class GrammarCompiler:
 
 
 def _grammar(spec: GrammarSpec) -> xgr.Grammar:
+    import xgrammar as xgr
+
     try:
         if spec.kind == "json_object":
             return xgr.Grammar.from_json_schema('{"type": "object"}', any_whitespace=False)

@@ -3,9 +3,13 @@ each committed token. docs/design.md §2.8 says when the engine fills and advanc
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
-import xgrammar as xgr
+
+if TYPE_CHECKING:
+    import xgrammar as xgr
 
 
 def bitmask_words(vocab_size: int) -> int:
@@ -15,7 +19,9 @@ def bitmask_words(vocab_size: int) -> int:
 
 class RequestGrammar:
     def __init__(self, compiled: xgr.CompiledGrammar) -> None:
-        self._matcher = xgr.GrammarMatcher(compiled)
+        import xgrammar
+
+        self._matcher = xgrammar.GrammarMatcher(compiled)
 
     def accept(self, token_id: int) -> bool:
         """Advance by a committed token; False if the grammar forbids it (state unchanged)."""
