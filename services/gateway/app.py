@@ -39,6 +39,7 @@ from services.gateway.errors import (
 from services.gateway.pool import Discovery, Replica, WorkerPool
 from services.gateway.preprocess import tokenizer_vocab_size
 from services.gateway.responses import TokenText
+from services.gateway.responses_api import install_responses_routes
 from services.gateway.serving import Generation, GenerationRunner, new_response_id
 from services.gateway.structured_output import GrammarCheck
 from services.gateway.telemetry import UNKNOWN_MODEL, RequestMetrics, RequestTimer, WorkerStatsExporter
@@ -257,6 +258,7 @@ def create_app(
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     install_utility_routes(app, gateway)
+    install_responses_routes(app, gateway)
     return app
 
 

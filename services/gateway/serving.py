@@ -11,7 +11,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
@@ -20,9 +20,9 @@ from services.gateway.dispatcher import Dispatcher, Sink, Tracked
 from services.gateway.errors import APIError, InternalError
 from services.gateway.preprocess import Job
 from services.gateway.responses import ChoiceState, Formatter, Usage
-from services.gateway.sse import DONE, sse_event
 from services.gateway.streaming import DisconnectAwareStreamingResponse, wait_for_disconnect
 from services.gateway.telemetry import CLIENT_CLOSED, InflightRequest, RequestMetrics, RequestTimer
+from services.gateway.wire_format import WireFormat
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,7 @@ class Generation:
     stream: bool
     formatter: Formatter
     timer: RequestTimer
+    wire: WireFormat = field(default_factory=WireFormat)  # the API shape the bodies are sent in
 
 
 def new_response_id(prefix: str) -> str:
@@ -107,39 +108,41 @@ class GenerationRunner:
     async def _stream(
         self, gen: Generation, tracked: list[Tracked], sink: Sink, inflight: InflightRequest
     ) -> AsyncIterator[bytes]:
-        fmt = gen.formatter
+        fmt, wire = gen.formatter, gen.wire
         states = [ChoiceState() for _ in gen.jobs]
         remaining = len(gen.jobs)
         status = CLIENT_CLOSED  # unless the stream completes or fails
         completed = False
         try:
+            yield wire.opening()
             for index in range(len(gen.jobs)):
                 opening = fmt.opening_chunk(index)
                 if opening is not None:
-                    yield sse_event(opening)
+                    yield wire.chunk(opening)
             while remaining:
                 index, out = await sink.get()
                 state = states[index]
                 if out.finish_reason in ("error", "abort"):
                     status = 500  # the HTTP status was 200; the request failed on a worker
-                    yield sse_event(worker_error(out.error or "aborted by the worker").body())
+                    yield wire.failure(worker_error(out.error or "aborted by the worker"))
                     return
                 chunk = fmt.delta_chunk(index, out, state)
                 state.absorb(out)
                 if chunk is not None:
-                    yield sse_event(chunk)
+                    yield wire.chunk(chunk)
                     gen.timer.content_sent(state.unsent_tokens)
                     inflight.started()
                     state.unsent_tokens = 0
                 if out.finished:
                     remaining -= 1
-                    yield sse_event(fmt.final_chunk(index, state))
+                    yield wire.chunk(fmt.final_chunk(index, state))
                     if gen.timer.first_content_s is None or state.unsent_tokens:
                         gen.timer.content_sent(state.unsent_tokens)
                         state.unsent_tokens = 0
+            usage = self._usage(gen, tracked, states)
             if fmt.include_usage:
-                yield sse_event(fmt.usage_chunk(self._usage(gen, tracked, states)))
-            yield DONE
+                yield wire.chunk(fmt.usage_chunk(usage))
+            yield wire.closing(usage)
             completed = True
             status = 200
         finally:
@@ -196,8 +199,8 @@ class GenerationRunner:
                 error = InternalError("The server had an error while processing your request.")
             self._finish_metrics(gen, tracked, states, error.status, inflight)
             return error.response()
-        body = gen.formatter.full(states, self._usage(gen, tracked, states))
-        response = JSONResponse(body, headers=headers)
+        usage = self._usage(gen, tracked, states)
+        response = JSONResponse(gen.wire.whole(gen.formatter.full(states, usage), usage), headers=headers)
         gen.timer.content_sent(sum(s.unsent_tokens for s in states))
         self._finish_metrics(gen, tracked, states, 200, inflight)
         return response

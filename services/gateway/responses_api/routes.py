@@ -1,0 +1,63 @@
+"""`POST /v1/responses`: OpenAI's Responses API served as a chat completion (docs/design.md §6.7).
+
+The route takes the generation routes' checks in the same order (key, body size and JSON,
+fields, 503 until a worker is ready, model) and counts refusals the same way; the request is
+planned by the chat endpoint's own plan (tool parser, grammar, jobs) and run by the shared
+`GenerationRunner`, with `ResponsesWire` re-shaping what the chat formatter writes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI
+from fastapi.responses import Response
+from starlette.requests import Request
+
+from services.gateway.body import read_json_object
+from services.gateway.endpoints import CHAT, Served
+from services.gateway.preprocess import tokenizer_vocab_size
+from services.gateway.responses_api.events import ResponsesWire
+from services.gateway.responses_api.objects import ResponseShape, new_object_id
+from services.gateway.responses_api.protocol import parse_responses
+from services.gateway.responses_api.translate import chat_request, responses_fields
+from services.gateway.serving import Generation
+from services.gateway.telemetry import RequestTimer
+
+if TYPE_CHECKING:
+    from services.gateway.app import Gateway
+
+
+def install_responses_routes(app: FastAPI, gateway: Gateway) -> None:
+    @app.post("/v1/responses")
+    async def create_response(request: Request) -> Response:
+        with gateway.counting_refusals() as admission:
+            timer = RequestTimer(time.perf_counter())
+            gateway.check_auth(request)
+            body = await read_json_object(request, gateway.config.max_body_bytes)
+            admission.requested_model = str(body.get("model"))
+            req = parse_responses(body)
+            model, max_model_len, tokenizer = gateway.model_info()
+            gateway.check_model(req.model, model)
+            response_id = new_object_id("resp")
+            served_name = gateway.served_name(model)
+            served = Served(
+                response_id,
+                served_name,
+                max_model_len,
+                tokenizer,
+                gateway.token_text(tokenizer),
+                include_usage=False,
+                tool_call_parser=gateway.config.tool_call_parser,
+            )
+            with responses_fields():
+                plan = CHAT.plan(chat_request(req), served)
+                if plan.grammar is not None:
+                    vocab_size = tokenizer_vocab_size(tokenizer) or 0
+                    await gateway.grammars.check(plan.grammar, plan.grammar_param, tokenizer, vocab_size)
+                wire = ResponsesWire(ResponseShape(response_id, served_name, req))
+                gen = Generation(
+                    response_id, model, plan.jobs, plan.num_prompts, bool(req.stream), plan.formatter, timer, wire
+                )
+                return await gateway.runner.run(gen, request)
