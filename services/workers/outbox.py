@@ -32,9 +32,7 @@ class Outbox:
                 if events:
                     self._events[consumer].extend(events)
                     to_wake.extend(self._waiters.pop(consumer, ()))
-        for loop, event in to_wake:
-            with contextlib.suppress(RuntimeError):  # the poller's loop is closed
-                loop.call_soon_threadsafe(event.set)
+        _wake(to_wake)
 
     def touch(self, consumer: str) -> None:
         with self._lock:
@@ -51,8 +49,7 @@ class Outbox:
             self._events.pop(consumer, None)
             self._last_seen_s.pop(consumer, None)
             waiters = self._waiters.pop(consumer, [])
-        for loop, event in waiters:
-            loop.call_soon_threadsafe(event.set)
+        _wake(waiters)
 
     def num_consumers(self) -> int:
         with self._lock:
@@ -80,8 +77,18 @@ class Outbox:
                 await asyncio.wait_for(event.wait(), remaining)
             except asyncio.TimeoutError:
                 with self._lock:
+                    self._last_seen_s[consumer] = time.monotonic()
+                    return self._events.pop(consumer, None) or []
+            finally:  # woken, timed out or cancelled: nobody waits on this event any more
+                with self._lock:
                     waiters = self._waiters.get(consumer, [])
                     if (loop, event) in waiters:
                         waiters.remove((loop, event))
-                    self._last_seen_s[consumer] = time.monotonic()
-                    return self._events.pop(consumer, None) or []
+
+
+def _wake(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]) -> None:
+    """Set each poller's event on its own loop; a poller whose loop has closed (its gateway
+    stopped) is skipped, never an error for the step thread that calls this."""
+    for loop, event in waiters:
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(event.set)

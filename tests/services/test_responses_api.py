@@ -430,12 +430,6 @@ def test_a_whole_body_cut_short_is_incomplete() -> None:
     )
 
 
-# -- last: a second gateway over the same engine loop ----------------------------------------
-# When a gateway stops, its long poll's waiter stays in the loop's Outbox; when the consumer's
-# lease (30 s) expires, Outbox.drop wakes it on its closed event loop and the engine step loop
-# fails. Last in the module, the module's loop is shut down before that happens.
-
-
 def test_keys_served_names_refusals_and_latency_metrics(loop: EngineLoop) -> None:
     with start_gateway(loop, GatewayConfig(api_keys=("k1",), served_model_names=("alias",))) as url:
         wait_ready(url, 60)
