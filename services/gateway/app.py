@@ -25,7 +25,7 @@ from starlette.requests import Request
 from services.gateway.body import read_json_object
 from services.gateway.config import GatewayConfig
 from services.gateway.dispatcher import Dispatcher
-from services.gateway.endpoints import CHAT, COMPLETION, Endpoint, Req, Served
+from services.gateway.endpoints import CHAT, COMPLETION, Endpoint, Plan, Req, Served
 from services.gateway.errors import (
     APIError,
     AuthenticationFailed,
@@ -84,6 +84,24 @@ class Gateway:
     def served_name(self, model: str) -> str:
         """The model id responses report: the first --served-model-name, else the workers' own."""
         return self.config.served_model_names[0] if self.config.served_model_names else model
+
+    def served(self, response_id: str, model: str, max_model_len: int, tokenizer: Any, include_usage: bool) -> Served:
+        """What a generation route plans a request with, labelled with the served model name."""
+        return Served(
+            response_id,
+            self.served_name(model),
+            max_model_len,
+            tokenizer,
+            self.token_text(tokenizer),
+            include_usage,
+            self.config.tool_call_parser,
+        )
+
+    async def check_grammar(self, plan: Plan, tokenizer: Any) -> None:
+        """A 400 naming the field when the plan's grammar does not compile."""
+        if plan.grammar is not None:
+            vocab_size = tokenizer_vocab_size(tokenizer) or 0
+            await self.grammars.check(plan.grammar, plan.grammar_param, tokenizer, vocab_size)
 
     def token_text(self, tokenizer: Any) -> TokenText:
         if self._token_text is None or self._token_text.tokenizer is not tokenizer:
@@ -184,19 +202,8 @@ def create_app(
             gateway.check_model(req.model, model)
             include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
             response_id = new_response_id(endpoint.id_prefix)
-            served = Served(
-                response_id,
-                gateway.served_name(model),
-                max_model_len,
-                tokenizer,
-                gateway.token_text(tokenizer),
-                include_usage,
-                config.tool_call_parser,
-            )
-            plan = endpoint.plan(req, served)
-            if plan.grammar is not None:
-                vocab_size = tokenizer_vocab_size(tokenizer) or 0
-                await gateway.grammars.check(plan.grammar, plan.grammar_param, tokenizer, vocab_size)
+            plan = endpoint.plan(req, gateway.served(response_id, model, max_model_len, tokenizer, include_usage))
+            await gateway.check_grammar(plan, tokenizer)
             gen = Generation(response_id, model, plan.jobs, plan.num_prompts, bool(req.stream), plan.formatter, timer)
             return await gateway.runner.run(gen, request)
 

@@ -16,8 +16,7 @@ from fastapi.responses import Response
 from starlette.requests import Request
 
 from services.gateway.body import read_json_object
-from services.gateway.endpoints import CHAT, Served
-from services.gateway.preprocess import tokenizer_vocab_size
+from services.gateway.endpoints import CHAT
 from services.gateway.responses_api.events import ResponsesWire
 from services.gateway.responses_api.objects import ResponseShape, new_object_id
 from services.gateway.responses_api.protocol import parse_responses
@@ -41,22 +40,11 @@ def install_responses_routes(app: FastAPI, gateway: Gateway) -> None:
             model, max_model_len, tokenizer = gateway.model_info()
             gateway.check_model(req.model, model)
             response_id = new_object_id("resp")
-            served_name = gateway.served_name(model)
-            served = Served(
-                response_id,
-                served_name,
-                max_model_len,
-                tokenizer,
-                gateway.token_text(tokenizer),
-                include_usage=False,
-                tool_call_parser=gateway.config.tool_call_parser,
-            )
+            served = gateway.served(response_id, model, max_model_len, tokenizer, include_usage=False)
             with responses_fields():
                 plan = CHAT.plan(chat_request(req), served)
-                if plan.grammar is not None:
-                    vocab_size = tokenizer_vocab_size(tokenizer) or 0
-                    await gateway.grammars.check(plan.grammar, plan.grammar_param, tokenizer, vocab_size)
-                wire = ResponsesWire(ResponseShape(response_id, served_name, req))
+                await gateway.check_grammar(plan, tokenizer)
+                wire = ResponsesWire(ResponseShape(response_id, served.model, req))
                 gen = Generation(
                     response_id, model, plan.jobs, plan.num_prompts, bool(req.stream), plan.formatter, timer, wire
                 )
