@@ -163,7 +163,13 @@ class ModelRunner:
         reqs = step.decode
         rows = np.array([r.row for r in reqs], dtype=np.int64)
         starts = np.array(step.kv_before, dtype=np.int32)  # plain decode: exact positions
-        drafting = self.dspark is not None and self.dspark.setup.drafts_at(len(reqs))
+        # A grammar row commits one token per verify (docs/design.md §2.8): a batch of nothing
+        # else takes the one-token step, which keeps the draft KV just as a step over the cap does.
+        drafting = (
+            self.dspark is not None
+            and self.dspark.setup.drafts_at(len(reqs))
+            and not all(r.grammar is not None for r in reqs)
+        )
         graphs = self.graphs if drafting or self.dspark is None else self.graphs_without_draft
         # The captured body samples plain greedy: no penalties, logprobs, logit bias or grammar.
         graphable = all(

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
+# Whitespace between JSON tokens inside a call's arguments; unbounded, a small model sampled
+# at temperature 1 can write newlines until max_tokens.
+MAX_WHITESPACE = 2
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,11 @@ def forced_calls_tag(parser_name: str, functions: Sequence[tuple[str, dict[str, 
         {
             "type": "tag",
             "begin": syntax.call_begin + json.dumps(name) + syntax.name_end,
-            "content": {"type": "json_schema", "json_schema": schema if schema is not None else ANY_OBJECT},
+            "content": {
+                "type": "json_schema",
+                "json_schema": schema if schema is not None else ANY_OBJECT,
+                "max_whitespace_cnt": MAX_WHITESPACE,
+            },
             "end": syntax.call_end,
         }
         for name, schema in functions
