@@ -4,7 +4,7 @@ JSON-Schema-constrained against unconstrained requests at batch 1 and 16, and a 
 
     python benchmarks/grammar_cost.py [--device cpu|cuda] [--model smollm2-135m|PATH|random-llama3-8b]
         [--dtype float32|bfloat16] [--new-tokens 128] [--batch 16] [--single-prompts 4] [--rounds 2]
-        [--speculative] [--drafter DIR] [--out results.json]
+        [--speculative] [--drafter DIR] [--tokenizer DIR] [--out results.json]
 
 `--model random-llama3-8b` (CUDA only) is `benchmarks/engine_gpu.py`'s Llama-3-8B-shaped model
 with random weights over SmolLM2's tokenizer and vocabulary, built in memory: a grammar needs a
@@ -47,7 +47,7 @@ from engine.config import EngineConfig, SpeculativeConfig  # noqa: E402
 from engine.core import EngineCore  # noqa: E402
 from engine.engine_setup import build_engine_parts  # noqa: E402
 from engine.loader.load import LoadedModel, load_model  # noqa: E402
-from engine.loader.resolve import ModelSource, resolve_model, shipped_drafter  # noqa: E402
+from engine.loader.resolve import ModelSource, resolve_model, shipped_chat_template, shipped_drafter  # noqa: E402
 from engine.loader.tokenizer import Tokenizer  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.structured import GrammarSpec  # noqa: E402
@@ -110,14 +110,17 @@ class Window:
         }
 
 
-def load(model: str, device: str, dtype: torch.dtype) -> LoadedModel:
+def load(model: str, device: str, dtype: torch.dtype, tokenizer_dir: Path | None) -> LoadedModel:
     if model != RANDOM_8B:
         return load_model(model, dtype=dtype, device=device, progress=False)
     if device != "cuda":
         raise SystemExit(f"--model {RANDOM_8B} is built on the GPU: pass --device cuda")
     from benchmarks.engine_gpu import LLAMA3_8B, random_model
 
-    tokenizer = Tokenizer.from_source(resolve_model("smollm2-135m"))
+    if tokenizer_dir is None:
+        tokenizer = Tokenizer.from_source(resolve_model("smollm2-135m"))
+    else:
+        tokenizer = Tokenizer.from_hf_dir(tokenizer_dir, chat_template=shipped_chat_template("smollm2-135m"))
     config = dataclasses.replace(LLAMA3_8B, vocab_size=tokenizer.vocab_size, eos_token_ids=tokenizer.eos_token_ids)
     source = ModelSource(name=RANDOM_8B, kind="hf", path=Path("."))
     return LoadedModel(random_model(config, dtype), config, tokenizer, source)
@@ -238,6 +241,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--speculative", action="store_true", help="also run every configuration on a DSpark engine")
     parser.add_argument("--drafter", type=Path, help="DSpark drafter directory (default: the model's shipped one)")
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        help=f"with {RANDOM_8B}: a directory holding SmolLM2's tokenizer.json (where the GGUF is absent)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype or ("float32" if args.device == "cpu" else "bfloat16"))
@@ -245,7 +253,7 @@ def main() -> None:
     drafter = args.drafter or (shipped_drafter(args.model) if speculative else None)
     if speculative and drafter is None:
         raise SystemExit(f"--speculative: {args.model} ships no drafter; pass --drafter DIR")
-    loaded = load(args.model, args.device, dtype)
+    loaded = load(args.model, args.device, dtype, args.tokenizer)
     conversations = [CHAT_PROMPTS[i % len(CHAT_PROMPTS)] for i in range(max(args.batch, args.single_prompts))]
     prompts = [chat_ids(loaded.tokenizer, c) for c in conversations]
     big = args.batch
