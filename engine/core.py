@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.engine_setup import EngineParts, build_engine_parts
-from engine.handoff import KVHandoff
+from engine.handoff import Continuation, KVHandoff
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
 from engine.request import Request
@@ -91,8 +91,11 @@ class EngineCore:
         arrival_s: float | None = None,
         *,
         prefill_only: bool = False,
+        continuation: Continuation | None = None,
     ) -> None:
-        """Queue a request. Raises ValueError naming the bad field; nothing is queued then."""
+        """Queue a request. Raises ValueError naming the bad field; nothing is queued then.
+        With `continuation`, the request resumes after tokens generated elsewhere, with their
+        sampling key (docs/design.md §5.6)."""
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id: must be a non-empty string")
         if request_id in self.requests:
@@ -101,16 +104,19 @@ class EngineCore:
             raise ValueError(f"params: must be SamplingParams, got {type(params).__name__}")
         prompt = self._validate_prompt(prompt_token_ids, params)
         params.check_vocab(self.model_config.vocab_size)
+        start = continuation or Continuation()
+        outputs = self._validate_continuation(start, prompt, params)
         req = Request(
             request_id=request_id,
             prompt_ids=prompt,
             params=params,
             arrival_s=time.perf_counter() if arrival_s is None else arrival_s,
-            rng_key=self._rng_key(params),
+            rng_key=self._rng_key(params) if start.rng_key is None else start.rng_key,
             prefill_only=prefill_only,
-            grammar=self._grammar(params, ()),
+            grammar=self._grammar(params, tuple(outputs)),
         )
-        self._outputs.attach(req)
+        req.output_ids = outputs
+        self._outputs.attach(req, replay=True)
         self.requests[request_id] = req
         self.scheduler.add(req)
 
@@ -126,6 +132,21 @@ class EngineCore:
                 f"prompt: {n} tokens leave no room to generate within the context length of {self.max_model_len} tokens"
             )
         return list(prompt_token_ids)
+
+    def _validate_continuation(self, start: Continuation, prompt: list[int], params: SamplingParams) -> list[int]:
+        if not isinstance(start, Continuation):
+            raise ValueError(f"continuation: must be a Continuation, got {type(start).__name__}")
+        outputs = list(start.output_ids)
+        if not outputs:
+            return outputs
+        vocab = self.model_config.vocab_size
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in outputs):
+            raise ValueError(f"continuation: output token ids must be integers in [0, {vocab})")
+        if len(outputs) >= params.max_tokens:
+            raise ValueError(f"continuation: {len(outputs)} tokens already reach max_tokens={params.max_tokens}")
+        if len(prompt) + len(outputs) + 1 > self.max_model_len:
+            raise ValueError("continuation: prompt and output tokens leave no room within the context length")
+        return outputs
 
     def _grammar(self, params: SamplingParams, output_ids: tuple[int, ...]) -> RequestGrammar | None:
         """The request's grammar state after `output_ids` (a hand-off's tokens so far); a

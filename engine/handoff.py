@@ -31,3 +31,16 @@ class KVHandoff:
         if self.draft_kv is not None:
             n += self.draft_kv.numel() * self.draft_kv.element_size()
         return n
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """Where a request picks up when it starts on this engine (docs/design.md §5.6): its
+    sampling key, and the tokens it already generated elsewhere (a request migrated off a
+    worker that died or drained; empty for a new request). The engine prefills prompt +
+    `output_ids`, replays their text through the stop-string matcher without emitting it, and
+    samples on from the next position: with the same key the continuation is the one the
+    first engine would have produced."""
+
+    rng_key: int | None = None  # None: from the request's seed, or assigned by the engine
+    output_ids: tuple[int, ...] = ()

@@ -37,16 +37,22 @@ class OutputProcessor:
         self.eos_token_ids = frozenset(eos)
         self._streams: dict[str, _Stream] = {}
 
-    def attach(self, req: Request) -> None:
-        """Start the request's text stream; earlier tokens (a handed-off request's first
-        token) are context whose text was already shown."""
+    def attach(self, req: Request, *, replay: bool = False) -> None:
+        """Start the request's text stream. Tokens it already has were shown elsewhere: a
+        handed-off request's first token is context (its prefill flushed the stop matcher);
+        with `replay` (a continued request, docs/design.md §5.6) they run through the
+        detokenizer and the stop matcher as they did where they were generated, emitting
+        nothing, so that text held back for a possible stop string is held here too."""
         params = req.params
-        self._streams[req.request_id] = _Stream(
-            detok=IncrementalDetokenizer(
-                self.tokenizer, req.all_ids[-_PROMPT_CONTEXT_TOKENS:], params.skip_special_tokens
-            ),
+        context = req.prompt_ids if replay else req.all_ids
+        stream = _Stream(
+            detok=IncrementalDetokenizer(self.tokenizer, context[-_PROMPT_CONTEXT_TOKENS:], params.skip_special_tokens),
             stops=StopStringMatcher(params.stop, params.include_stop_str_in_output),
         )
+        if replay:
+            for token in req.output_ids:
+                stream.stops.feed(stream.detok.push([token]))
+        self._streams[req.request_id] = stream
 
     def append_tokens(self, req: Request, result: StepResult, row: int, count: int) -> RequestOutput | None:
         """Commit up to `count` tokens of `result` row `row` to `req`, stopping early where a
