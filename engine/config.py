@@ -149,8 +149,12 @@ class EngineConfig:
     chunked_prefill: bool = True
     enable_prefix_cache: bool = True
     page_size: int = 0  # 0: 1 on CPU, 16 on GPU
-    kv_cache_memory_bytes: int = 0  # 0: derived from kv_memory_fraction
-    kv_memory_fraction: float = 0.6  # of free device memory (GPU) or 1/8 of RAM (CPU)
+    kv_cache_memory_bytes: int = 0  # 0: derived from gpu_memory_utilization or kv_memory_fraction
+    kv_memory_fraction: float = 0.6  # of free device memory after loading (GPU) or 1/8 of RAM (CPU)
+    # GPU only: weights + KV pool take this share of the memory free when the engine starts
+    # (engine/kv/budget.py); None: the KV pool takes kv_memory_fraction.
+    gpu_memory_utilization: float | None = None
+    chat_template: str | None = None  # Jinja text replacing the model's chat template
     attention_backend: AttentionBackendName = "auto"
     tensor_parallel_size: int = 1
     cuda_graphs: bool = True
@@ -165,5 +169,10 @@ class EngineConfig:
             raise ValueError(f"page_size must be 0 (auto) or a power of two, got {self.page_size}")
         if not 0.0 < self.kv_memory_fraction <= 0.95:
             raise ValueError(f"kv_memory_fraction must be in (0, 0.95], got {self.kv_memory_fraction}")
+        if self.gpu_memory_utilization is not None:
+            if not 0.0 < self.gpu_memory_utilization <= 1.0:
+                raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+            if self.kv_cache_memory_bytes:
+                raise ValueError("gpu_memory_utilization and kv_cache_memory_bytes both size the KV pool; set one")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")

@@ -11,6 +11,7 @@ import torch
 
 from engine.config import EngineConfig, ModelConfig
 from engine.kernels.cpu.linear import pack_module_weights
+from engine.kv.budget import DeviceMemory, kv_budget_bytes
 from engine.kv.manager import KVManager
 from engine.kv.pool import KVPool
 from engine.loader.load import LoadedModel, load_model
@@ -20,8 +21,6 @@ from engine.runner.model_runner import ModelRunner
 from engine.runner.options import RunnerOptions
 from engine.scheduler import Scheduler, kv_reserve
 from engine.speculative.setup import SpecSetup, build_spec
-
-_CPU_KV_CAP_BYTES = 2 << 30
 
 
 @dataclass
@@ -65,14 +64,17 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return dtypes[name]
 
 
-def _kv_budget_bytes(config: EngineConfig, device: torch.device) -> int:
-    if config.kv_cache_memory_bytes:
-        return config.kv_cache_memory_bytes
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free * config.kv_memory_fraction)
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return min(_CPU_KV_CAP_BYTES, ram // 8)
+def _free_gpu_bytes(device: torch.device) -> int | None:
+    """Free memory on `device` with the allocator's cache given back; None on CPU."""
+    if device.type != "cuda":
+        return None
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
+def _ram_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def build_engine_parts(
@@ -82,6 +84,7 @@ def build_engine_parts(
     `runner_options` are a benchmark's or a test's alternatives (engine/runner/options.py)."""
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
+    free_at_start = _free_gpu_bytes(device)
     if loaded is None:
         loaded = load_model(
             config.model,
@@ -93,6 +96,9 @@ def build_engine_parts(
     if device.type == "cpu":
         pack_module_weights(loaded.model, dtype)  # bf16/fp16 on a CPU with the instructions for it
     mc = loaded.config
+    tokenizer = loaded.tokenizer
+    if config.chat_template is not None:
+        tokenizer = tokenizer.with_chat_template(config.chat_template)
     target = cast(CausalLM, loaded.model)  # every registered family has the CausalLM shape
     # Under tensor parallelism each rank caches its own share of the KV heads.
     local_kv_heads = loaded.model.model.layers[0].self_attn.num_kv_heads  # type: ignore[union-attr,index]
@@ -107,12 +113,14 @@ def build_engine_parts(
     bytes_per_slot = KVPool.bytes_per_slot(mc.num_layers, local_kv_heads, mc.head_dim, dtype)
     if spec is not None:
         bytes_per_slot += spec.kv_bytes_per_slot(dtype)
-    num_slots = _kv_budget_bytes(config, device) // bytes_per_slot
+    free_now = _free_gpu_bytes(device)
+    memory = None if free_at_start is None or free_now is None else DeviceMemory(free_at_start, free_now)
+    num_slots = kv_budget_bytes(config, memory, _ram_bytes()) // bytes_per_slot
     num_slots = min(num_slots, config.max_num_seqs * max_context) // page_size * page_size
     if num_slots < max_context:
         raise ValueError(
-            f"kv_cache_memory_bytes: the KV budget holds {num_slots} tokens, fewer than one request "
-            f"of max_model_len {max_model_len}; raise the budget or lower max_model_len"
+            f"the KV budget holds {num_slots} tokens, fewer than one request of max_model_len "
+            f"{max_model_len}; raise the budget (kv_cache_memory_bytes, gpu_memory_utilization) or lower max_model_len"
         )
 
     kv = KVManager(num_slots, page_size, config.max_num_seqs, max_context, config.enable_prefix_cache, device)
@@ -146,7 +154,7 @@ def build_engine_parts(
     return EngineParts(
         model_name=loaded.name,
         model_config=mc,
-        tokenizer=loaded.tokenizer,
+        tokenizer=tokenizer,
         max_model_len=max_model_len,
         device=device,
         dtype=dtype,

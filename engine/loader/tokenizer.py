@@ -33,6 +33,7 @@ class Tokenizer:
         extra_eos_token_ids: Iterable[int] = (),
     ):
         self.hf_tokenizer = hf_tokenizer
+        self.extra_eos_token_ids = tuple(extra_eos_token_ids)
         template = chat_template if chat_template is not None else getattr(hf_tokenizer, "chat_template", None)
         if isinstance(template, dict):  # several named templates: use the default one
             template = template.get("default") or next(iter(template.values()), None)
@@ -43,7 +44,7 @@ class Tokenizer:
         eos: list[int] = []
         if hf_tokenizer.eos_token_id is not None:
             eos.append(int(hf_tokenizer.eos_token_id))
-        eos.extend(int(i) for i in extra_eos_token_ids)
+        eos.extend(int(i) for i in self.extra_eos_token_ids)
         if self.chat_template:
             vocab = hf_tokenizer.get_vocab()
             eos.extend(vocab[t] for t in _TURN_END_TOKENS if t in self.chat_template and t in vocab)
@@ -92,6 +93,12 @@ class Tokenizer:
         backend, extra_kwargs = convert_gguf_tokenizer(architecture, tokenizer_dict)
         hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, **tokenizer_config, **extra_kwargs)
         return cls(hf_tokenizer, chat_template, extra_eos_token_ids)
+
+    def with_chat_template(self, chat_template: str) -> Tokenizer:
+        """This tokenizer with `chat_template` (Jinja text) in place of its own, its turn-end
+        tokens counted as EOS; ValueError when the template does not compile."""
+        check_chat_template(chat_template)
+        return Tokenizer(self.hf_tokenizer, chat_template, self.extra_eos_token_ids)
 
     # -- text <-> ids -----------------------------------------------------------------------
 
@@ -148,6 +155,16 @@ def validate_messages(messages: Sequence[Mapping[str, Any]]) -> None:
             continue
         if not isinstance(content, str):
             raise ValueError(f"messages[{i}].content must be a string, got {type(content).__name__}")
+
+
+def check_chat_template(template: str) -> None:
+    """ValueError with the line and reason when `template` is not a Jinja template."""
+    import jinja2
+
+    try:
+        _compile(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise ValueError(f"chat template, line {exc.lineno}: {exc.message}") from None
 
 
 @lru_cache(maxsize=8)

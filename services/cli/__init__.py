@@ -15,7 +15,9 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from services.cli.options import ENV_PREFIX, apply_env_defaults
+from services.cli.env import ENV_PREFIX, apply_env_defaults
+
+_OPTION_MODULES = {"env", "options", "vllm_options"}  # modules of this package that are no subcommand
 
 
 @dataclass(frozen=True)
@@ -27,12 +29,14 @@ class Command:
     order: int = 100  # position in --help
     description: str | None = None  # long help (shown verbatim); default: `help`
     env_prefix: str = ENV_PREFIX  # its options' variables are <prefix><OPTION>
+    # Rules across options, applied after parsing; a ValueError is reported as a usage error.
+    check: Callable[[argparse.Namespace], object] | None = None
 
 
 def discover_commands() -> list[Command]:
     commands: list[Command] = []
     for module_info in pkgutil.iter_modules(__path__):
-        if module_info.name.startswith("_") or module_info.name == "options":
+        if module_info.name.startswith("_") or module_info.name in _OPTION_MODULES:
             continue
         module = importlib.import_module(f"{__name__}.{module_info.name}")
         command = getattr(module, "COMMAND", None)
@@ -56,14 +60,29 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
             formatter_class=argparse.RawDescriptionHelpFormatter if command.description else argparse.HelpFormatter,
         )
         command.add_arguments(sub)
-        sub.set_defaults(_run=command.run)
+        sub.set_defaults(_run=command.run, _check=command.check)
         apply_env_defaults(sub, environ, prefix=command.env_prefix)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def parse_command_line(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> argparse.Namespace:
+    """The parsed command line, once its subcommand's rules across options hold; a usage error
+    (exit status 2, the subcommand's usage on stderr) where they do not."""
+    parser = build_parser(environ)
     args = parser.parse_args(argv)
+    if args._check is not None:
+        try:
+            args._check(args)
+        except ValueError as exc:
+            (subcommands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            subcommands.choices[args.command].error(str(exc))
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_command_line(argv)
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:

@@ -1,92 +1,27 @@
-"""Command-line options shared by the subcommands, and their environment variables.
+"""Command-line options shared by the subcommands, and the configs made from them.
 
-Every long option `--foo-bar` can also be set as `DSPARK_FOO_BAR` (the Helm chart sets
-options that way). Precedence: command line, then environment, then the default.
+Every long option also reads a `DSPARK_*` environment variable (services/cli/env.py). The
+spellings a `vllm serve` user brings (a positional MODEL, `--api-key`, `-tp`,
+`--speculative-config`, ...) are options here too (services/cli/vllm_options.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-from collections.abc import Mapping
 from typing import Any
 
-ENV_PREFIX = "DSPARK_"
+from services.cli.vllm_options import (
+    AppendOnCommandLine,
+    ModelAction,
+    chat_template_text,
+    memory_fraction,
+    resolve_speculative,
+    speculative_config,
+)
+
 # DSpark drafts for decode batches up to this size on CPU: 1.5-1.8x plain decoding at
 # batches 1-4, slower than plain at 16 on a 2-core machine (docs/benchmarks.md).
 CPU_SPECULATIVE_MAX_BATCH_SIZE = 4
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
-
-
-def env_var_for(option: str, prefix: str = ENV_PREFIX) -> str:
-    """`--foo-bar` -> `DSPARK_FOO_BAR`."""
-    return prefix + option.lstrip("-").replace("-", "_").upper()
-
-
-def _long_option(action: argparse.Action) -> str | None:
-    """The option a variable names: `--foo` of `--foo/--no-foo`, else the first long one."""
-    negated = isinstance(action, argparse.BooleanOptionalAction)
-    for option in action.option_strings:
-        if option.startswith("--") and not (negated and option.startswith("--no-")):
-            return option
-    return None
-
-
-def _parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in _TRUE:
-        return True
-    if lowered in _FALSE:
-        return False
-    raise ValueError(f"expected one of {sorted(_TRUE | _FALSE - {''})}")
-
-
-def _convert(action: argparse.Action, text: str) -> Any:
-    if isinstance(action, argparse.BooleanOptionalAction | argparse._StoreTrueAction):
-        return _parse_bool(text)
-    if isinstance(action, argparse._StoreFalseAction):
-        return not _parse_bool(text)
-    if isinstance(action, argparse._StoreConstAction):
-        return action.const if _parse_bool(text) else action.default
-    convert = action.type if callable(action.type) else str
-    values: Any
-    if action.nargs in ("+", "*") or isinstance(action, argparse._AppendAction):
-        values = [convert(item.strip()) for item in text.split(",") if item.strip()]
-    else:
-        values = convert(text)
-    candidates = values if isinstance(values, list) else [values]
-    if action.choices is not None:
-        for value in candidates:
-            if value not in action.choices:
-                raise ValueError(f"{value!r} is not one of {sorted(map(str, action.choices))}")
-    return values
-
-
-def apply_env_defaults(
-    parser: argparse.ArgumentParser, environ: Mapping[str, str] | None = None, prefix: str = ENV_PREFIX
-) -> None:
-    """Make `DSPARK_*` variables the defaults of the matching options (recursing into
-    subcommands), and name the variable in each option's help."""
-    env = os.environ if environ is None else environ
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                apply_env_defaults(sub, env, prefix)
-            continue
-        option = _long_option(action)
-        if option is None or action.dest == "help":
-            continue
-        name = env_var_for(option, prefix)
-        if action.help is not argparse.SUPPRESS:
-            action.help = f"{action.help or ''} [env: {name}]".strip()
-        if name not in env:
-            continue
-        try:
-            action.default = _convert(action, env[name])
-        except (ValueError, TypeError) as exc:
-            parser.error(f"environment variable {name}={env[name]!r}: {exc}")
-        action.required = False
 
 
 def comma_list(text: str) -> tuple[str, ...]:
@@ -100,8 +35,17 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("engine")
     group.add_argument(
         "--model",
+        action=ModelAction,
         default="smollm2-135m",
         help="model alias, Hugging Face directory or GGUF file (default: %(default)s)",
+    )
+    group.add_argument(
+        "model",
+        nargs="?",
+        action=ModelAction,
+        default=argparse.SUPPRESS,
+        metavar="MODEL",
+        help="the model, as `vllm serve MODEL` takes it: the same as --model",
     )
     group.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default: %(default)s)")
     group.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 (default: %(default)s)")
@@ -116,7 +60,26 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--page-size", type=int, default=0, help="KV page size, 0 = auto (default: %(default)s)")
     group.add_argument("--kv-cache-memory-bytes", type=int, default=0, help="KV pool size, 0 = auto")
     group.add_argument(
+        "--gpu-memory-utilization",
+        type=memory_fraction,
+        default=None,
+        metavar="F",
+        help="fraction in (0, 1] of the GPU memory free when the engine starts that its weights and KV "
+        "pool may take; the KV pool gets what the weights leave of it (activations and CUDA graphs "
+        "come on top: leave headroom). Refused on CPU and with --kv-cache-memory-bytes. Default: the "
+        "KV pool takes 0.6 of the memory free after loading",
+    )
+    group.add_argument(
+        "--chat-template",
+        type=chat_template_text,
+        default=None,
+        metavar="PATH_OR_TEMPLATE",
+        help="a Jinja file, or an inline template, that replaces the model's chat template (and the one "
+        "shipped for it); it also decides the tool-call syntax when --tool-call-parser is unset",
+    )
+    group.add_argument(
         "--prefix-cache",
+        "--enable-prefix-caching",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="reuse KV of shared prompt prefixes (default: on)",
@@ -133,6 +96,15 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--drafter", default=None, help="drafter checkpoint directory (default: the shipped one)")
     group.add_argument("--gamma", type=int, default=None, help="draft block size (default: the drafter's)")
     group.add_argument(
+        "--speculative-config",
+        type=speculative_config,
+        default=None,
+        metavar="JSON",
+        help='vLLM\'s spelling, \'{"method": "dspark", "model": DRAFTER, "num_speculative_tokens": GAMMA}\' '
+        "(model and num_speculative_tokens optional): --speculative on with that --drafter and --gamma; "
+        "other methods are refused",
+    )
+    group.add_argument(
         "--speculative-max-batch-size",
         type=int,
         default=None,
@@ -141,7 +113,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         f"{CPU_SPECULATIVE_MAX_BATCH_SIZE} on CPU",
     )
     group.add_argument("--seed", type=int, default=0, help="engine seed (default: %(default)s)")
-    group.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per worker (default: 1)")
+    group.add_argument(
+        "--tensor-parallel-size", "-tp", type=int, default=1, metavar="N", help="GPUs per worker (default: 1)"
+    )
 
 
 def shipped_drafter_available(model: str) -> bool:
@@ -163,22 +137,38 @@ def runs_on_gpu(device: str) -> bool:
 
 
 def engine_config_from_args(args: argparse.Namespace) -> Any:
+    """The EngineConfig the options describe; ValueError naming the options that contradict
+    each other (the CLI reports it as a usage error before starting anything)."""
     from engine.config import EngineConfig, SpeculativeConfig
 
     on_gpu = runs_on_gpu(args.device)
+    if args.gpu_memory_utilization is not None:
+        if args.kv_cache_memory_bytes:
+            raise ValueError("--gpu-memory-utilization and --kv-cache-memory-bytes both size the KV pool; give one")
+        if not on_gpu:
+            raise ValueError(
+                "--gpu-memory-utilization sizes the KV pool from GPU memory, and this engine runs on CPU "
+                f"({'no GPU is visible' if args.device == 'auto' else '--device ' + args.device}); size it with "
+                "--kv-cache-memory-bytes"
+            )
+    if args.chat_template is not None:
+        from engine.loader.tokenizer import check_chat_template
+
+        check_chat_template(args.chat_template)
+    choice = resolve_speculative(args.speculative, args.drafter, args.gamma, args.speculative_config)
     # DSpark pays on CPU in bfloat16 at low concurrency only (docs/benchmarks.md)
     worth_it = on_gpu or args.dtype == "bfloat16"
     speculative = None
     if (
-        args.speculative == "on"
-        or args.drafter
-        or (args.speculative == "auto" and worth_it and shipped_drafter_available(args.model))
+        choice.mode == "on"
+        or choice.drafter
+        or (choice.mode == "auto" and worth_it and shipped_drafter_available(args.model))
     ):
         max_batch_size = args.speculative_max_batch_size
         if max_batch_size is None and not on_gpu:
             max_batch_size = CPU_SPECULATIVE_MAX_BATCH_SIZE
-        speculative = SpeculativeConfig(drafter=args.drafter, gamma=args.gamma, max_batch_size=max_batch_size)
-    if args.speculative == "off":
+        speculative = SpeculativeConfig(drafter=choice.drafter, gamma=choice.gamma, max_batch_size=max_batch_size)
+    if choice.mode == "off":
         speculative = None
     return EngineConfig(
         model=args.model,
@@ -190,6 +180,8 @@ def engine_config_from_args(args: argparse.Namespace) -> Any:
         max_num_batched_tokens=args.max_num_batched_tokens,
         page_size=args.page_size,
         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        chat_template=args.chat_template,
         enable_prefix_cache=args.prefix_cache,
         tensor_parallel_size=args.tensor_parallel_size,
         speculative=speculative,
@@ -276,6 +268,14 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
         help="comma-separated keys accepted as 'Authorization: Bearer KEY' (default: none)",
     )
     group.add_argument(
+        "--api-key",
+        action=AppendOnCommandLine,
+        default=(),
+        metavar="KEY",
+        help="a key accepted as 'Authorization: Bearer KEY', as vLLM takes it; repeat it for several; "
+        "adds to --api-keys",
+    )
+    group.add_argument(
         "--served-model-name",
         type=comma_list,
         default=(),
@@ -286,6 +286,12 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
         "--tool-call-parser",
         default=None,
         help="tool-call syntax of the model's output: hermes, llama3_json or mistral (default: from the chat template)",
+    )
+    group.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="accepted as vLLM takes it; tool_choice 'auto' is always on here once the tool-call syntax "
+        "is known (from --tool-call-parser or the chat template)",
     )
     group.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024, help="request body limit (413 above)")
     group.add_argument(
@@ -325,7 +331,7 @@ def gateway_config_from_args(args: argparse.Namespace) -> Any:
 
     return GatewayConfig(
         served_model_names=tuple(args.served_model_name),
-        api_keys=tuple(args.api_keys),
+        api_keys=tuple(dict.fromkeys((*args.api_keys, *args.api_key))),
         tool_call_parser=args.tool_call_parser,
         max_body_bytes=args.max_body_bytes,
         kv_transfer_timeout_s=args.kv_transfer_timeout,

@@ -101,4 +101,5 @@ COMMAND = Command(
     add_arguments,
     run,
     order=0,
+    check=engine_config_from_args,
 )

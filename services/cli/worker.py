@@ -56,13 +56,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_worker_options(parser)
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Before anything loads: the GPUs the pod requested are visible (their own message, which
+    names the device plugin to check), then the engine options hold together."""
+    require_visible_gpus(args.require_gpus, args.gpu_resource)
+    engine_config_from_args(args)
+
+
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     from services.workers.deploy import spawn_workers
 
     if args.replicas < 1:
         raise SystemExit("dspark-serve worker: --replicas must be >= 1")
-    require_visible_gpus(args.require_gpus, args.gpu_resource)
     engine_config = engine_config_from_args(args)
     check_speculative(engine_config)
     connect_ray(args.ray_address, args.namespace)
@@ -89,4 +95,5 @@ COMMAND = Command(
     add_arguments,
     run,
     order=2,
+    check=check_options,
 )

@@ -1,4 +1,4 @@
-"""The chart hands `dspark-serve` its settings as DSPARK_* variables (services/cli/options.py: every
+"""The chart hands `dspark-serve` its settings as DSPARK_* variables (services/cli/env.py: every
 `--foo-bar` is also `DSPARK_FOO_BAR`). Each variable a container gets must be an option of the
 subcommand that container runs, with a value the option accepts."""
 
@@ -11,7 +11,7 @@ import deploy_support as ds
 import pytest
 
 from services.cli import build_parser
-from services.cli.options import apply_env_defaults, env_var_for
+from services.cli.env import apply_env_defaults, env_var_for
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:
