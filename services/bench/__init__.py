@@ -10,7 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-from services.bench.report import markdown_table, write_json, write_plots
+import httpx
+
+from services.bench.plots import write_plots
+from services.bench.progress import PROGRESS_MODES, BenchProgress
+from services.bench.redact import REDACTED, Redactor
+from services.bench.report import markdown_table, write_json
 from services.bench.runner import RunConfig, discover_model, run_all
 from services.bench.workloads import WORKLOADS, WorkloadConfig, make_workload
 
@@ -25,10 +30,22 @@ def _levels(text: str) -> tuple[int, ...]:
     return levels
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text!r}")
+    return seconds
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (default: %(default)s)")
     parser.add_argument("--model", default=None, help="model id (default: the server's first model)")
-    parser.add_argument("--api-key", default=None, help="bearer token for the server")
+    parser.add_argument(
+        "--api-key", default=None, help="bearer token for the server; never written to the results or printed"
+    )
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="agentic", help="(default: %(default)s)")
     parser.add_argument("--concurrency", type=_levels, default=(1, 8, 32), help="levels, e.g. 1,8,32")
     bound = parser.add_mutually_exclusive_group()
@@ -51,6 +68,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="sent with every request (0: greedy); default: not sent, so each server samples its own way",
     )
     parser.add_argument("--label", default=None, help="name of the server under test, kept in the JSON")
+    parser.add_argument(
+        "--progress",
+        choices=PROGRESS_MODES,
+        default="auto",
+        help="live progress on stderr: a bar per level, a line every --progress-interval seconds, or none; "
+        "auto: a bar on a terminal, lines otherwise (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--progress-interval",
+        type=_positive_seconds,
+        default=10.0,
+        help="seconds between progress lines (default: %(default)s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,7 +98,12 @@ def run(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
         max_tokens=args.max_tokens,
     )
-    model = args.model or asyncio.run(discover_model(args.url, args.api_key))
+    redact = Redactor.for_run(args.api_key, args.url)
+    try:
+        model = args.model or asyncio.run(discover_model(args.url, args.api_key))
+    except (httpx.HTTPError, RuntimeError) as exc:
+        print(redact.text(f"bench: cannot list the models of {args.url}: {exc}"), file=sys.stderr)
+        return 2
     cfg = RunConfig(
         base_url=args.url,
         model=model,
@@ -81,31 +116,38 @@ def run(args: argparse.Namespace) -> int:
     )
     workload = make_workload(args.workload, workload_cfg, args.seed)
     print(
-        f"bench: {args.workload} against {args.url} (model {model}), concurrency {list(cfg.concurrency)}, "
-        + (f"{duration:g} s per level" if duration is not None else f"{num_requests} requests per level"),
+        redact.text(
+            f"bench: {args.workload} against {args.url} (model {model}), concurrency {list(cfg.concurrency)}, "
+            + (f"{duration:g} s per level" if duration is not None else f"{num_requests} requests per level")
+        ),
         file=sys.stderr,
         flush=True,
     )
     started = time.time()
-    summaries = asyncio.run(run_all(cfg, workload))
+    progress = BenchProgress(args.progress, args.progress_interval)
+    summaries = [
+        dataclasses.replace(s, errors=redact.value(s.errors)) for s in asyncio.run(run_all(cfg, workload, progress))
+    ]
     table = markdown_table(summaries)
     print(table)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     stem = f"bench_{args.workload}"
-    meta = {
-        "label": args.label or args.url,
-        "url": args.url,
-        "model": model,
-        "workload": args.workload,
-        "started_unix": started,
-        "machine": platform.platform(),
-        "python": platform.python_version(),
-        "run": dataclasses.asdict(cfg) | {"api_key": None},
-        "workload_config": dataclasses.asdict(workload_cfg),
-        "command": " ".join(sys.argv),
-    }
+    meta = redact.value(
+        {
+            "label": args.label or args.url,
+            "url": args.url,
+            "model": model,
+            "workload": args.workload,
+            "started_unix": started,
+            "machine": platform.platform(),
+            "python": platform.python_version(),
+            "run": dataclasses.asdict(cfg) | {"api_key": REDACTED if cfg.api_key else None},
+            "workload_config": dataclasses.asdict(workload_cfg),
+            "command": " ".join(sys.argv),
+        }
+    )
     write_json(args.output_dir / f"{stem}.json", meta, summaries)
-    write_plots(args.output_dir / f"{stem}.png", f"{args.workload} — {model}", summaries)
+    write_plots(args.output_dir / f"{stem}.png", redact.text(f"{args.workload} — {model}"), summaries)
     (args.output_dir / f"{stem}.md").write_text(table + "\n")
     failed = sum(s.failed for s in summaries)
     if failed:

@@ -1,4 +1,4 @@
-"""Summaries of a benchmark run: percentiles, a Markdown table, JSON and PNG plots."""
+"""Summaries of a benchmark run: percentiles, a Markdown table and JSON (plots: services.bench.plots)."""
 
 from __future__ import annotations
 
@@ -86,16 +86,16 @@ def _ms(value: float) -> str:
 def markdown_table(summaries: Sequence[LevelSummary]) -> str:
     head = (
         "| conc | reqs | fail | QPS | out tok/s | total tok/s | TTFT mean/p50/p90/p95/p99 (ms) "
-        "| TPOT mean/p50/p90/p95/p99 (ms) | ITL mean/p50/p90/p95/p99 (ms) |"
+        "| TPOT mean/p50/p90/p95/p99 (ms) | ITL mean/p50/p90/p95/p99 (ms) | E2E mean/p50/p90/p95/p99 (ms) |"
     )
-    rows = [head, "|" + "---|" * 9]
+    rows = [head, "|" + "---|" * 10]
     for s in summaries:
         dists = []
-        for d in (s.ttft_s, s.tpot_s, s.itl_s):
+        for d in (s.ttft_s, s.tpot_s, s.itl_s, s.e2e_s):
             dists.append(" / ".join(_ms(v) for v in (d.mean, d.p50, d.p90, d.p95, d.p99)))
         rows.append(
             f"| {s.concurrency} | {s.completed} | {s.failed} | {s.qps:.2f} | {s.output_tokens_per_s:.1f} "
-            f"| {s.total_tokens_per_s:.1f} | {dists[0]} | {dists[1]} | {dists[2]} |"
+            f"| {s.total_tokens_per_s:.1f} | {' | '.join(dists)} |"
         )
     return "\n".join(rows)
 
@@ -131,33 +131,3 @@ def read_json(path: Path) -> tuple[dict[str, Any], list[LevelSummary]]:
         for level in data["levels"]
     ]
     return data["meta"], levels
-
-
-def write_plots(path: Path, title: str, summaries: Sequence[LevelSummary]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    conc = [s.concurrency for s in summaries]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for ax, attr, label in ((axes[0][0], "ttft_s", "TTFT (ms)"), (axes[0][1], "tpot_s", "TPOT (ms)")):
-        for q in ("p50", "p90", "p99"):
-            ax.plot(conc, [getattr(getattr(s, attr), q) * 1000 for s in summaries], marker="o", label=q)
-        ax.set_ylabel(label)
-        ax.legend()
-    axes[1][0].plot(conc, [s.output_tokens_per_s for s in summaries], marker="o", label="output")
-    axes[1][0].plot(conc, [s.total_tokens_per_s for s in summaries], marker="o", label="total")
-    axes[1][0].set_ylabel("tokens/s")
-    axes[1][0].legend()
-    axes[1][1].plot(conc, [s.qps for s in summaries], marker="o")
-    axes[1][1].set_ylabel("requests/s")
-    for row in axes:
-        for ax in row:
-            ax.set_xlabel("concurrency")
-            ax.set_xscale("log", base=2)
-            ax.grid(True, alpha=0.3)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

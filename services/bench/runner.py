@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
 from services.bench.client import RequestResult, stream_chat
+from services.bench.progress import BenchProgress, ResultSink
 from services.bench.report import LevelSummary, summarize
 from services.bench.workloads import Workload
 
@@ -21,7 +22,7 @@ class RunConfig:
     concurrency: tuple[int, ...]
     duration_s: float | None = None
     num_requests: int | None = None  # per level
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
     request_timeout_s: float = 600.0
     temperature: float | None = None  # sent with every request; None: the server's default
 
@@ -58,7 +59,9 @@ async def discover_model(base_url: str, api_key: str | None) -> str:
     return str(models[0]["id"])
 
 
-async def run_level(cfg: RunConfig, workload: Workload, concurrency: int) -> tuple[list[RequestResult], float]:
+async def run_level(
+    cfg: RunConfig, workload: Workload, concurrency: int, on_result: ResultSink | None = None
+) -> tuple[list[RequestResult], float]:
     results: list[RequestResult] = []
     start = time.perf_counter()
     deadline = start + cfg.duration_s if cfg.duration_s is not None else None
@@ -93,6 +96,8 @@ async def run_level(cfg: RunConfig, workload: Workload, concurrency: int) -> tup
                         temperature=cfg.temperature,
                     )
                     results.append(result)
+                    if on_result is not None:
+                        on_result(result)
                     if not result.ok:
                         break  # the conversation cannot continue without its answer
                     session.record(result.text)
@@ -105,9 +110,12 @@ async def run_level(cfg: RunConfig, workload: Workload, concurrency: int) -> tup
     return results, time.perf_counter() - start
 
 
-async def run_all(cfg: RunConfig, workload: Workload) -> list[LevelSummary]:
+async def run_all(cfg: RunConfig, workload: Workload, progress: BenchProgress | None = None) -> list[LevelSummary]:
+    progress = progress or BenchProgress("off")
     summaries = []
     for concurrency in cfg.concurrency:
-        results, elapsed = await run_level(cfg, workload, concurrency)
+        level_progress = progress.level(concurrency, duration_s=cfg.duration_s, num_requests=cfg.num_requests)
+        async with level_progress as on_result:
+            results, elapsed = await run_level(cfg, workload, concurrency, on_result)
         summaries.append(summarize(concurrency, results, elapsed))
     return summaries

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from services.bench.client import RequestResult
-from services.bench.report import markdown_table, percentile, summarize, write_json, write_plots
+from services.bench.plots import plot_figure, write_plots
+from services.bench.report import markdown_table, percentile, summarize, write_json
 from services.bench.runner import RunConfig, api_base
 from services.bench.workloads import WorkloadConfig, make_workload
 
@@ -73,10 +74,41 @@ def test_summary_and_files(tmp_path: Path) -> None:
     assert summary.tpot_s.mean == pytest.approx(((0.15 - 0.1) / 2 + (0.25 - 0.2) / 1) / 2)
     table = markdown_table([summary])
     assert table.count("\n") == 2 and "| 4 | 2 | 1 |" in table
+    assert table.endswith("| 200.0 / 200.0 / 240.0 / 245.0 / 249.0 |")  # E2E of the two completed
     write_json(tmp_path / "r.json", {"x": 1}, [summary])
     assert json.loads((tmp_path / "r.json").read_text())["levels"][0]["concurrency"] == 4
     write_plots(tmp_path / "r.png", "t", [summary, summarize(8, results, 1.0)])
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plots_show_every_latency_with_its_sample_count_and_the_failures() -> None:
+    results = [result(0.1, [0.02, 0.03], 3, 0.15), result(0.2, [0.05], 2, 0.25), result(0, [], 0, 1, ok=False)]
+    all_failed = [result(0, [], 0, 1, ok=False)] * 2
+    levels = [summarize(1, results, 2.0), summarize(4, all_failed, 1.0)]
+    figure = plot_figure("t", levels)
+    panels = {ax.get_title(): ax for ax in figure.axes}
+    assert list(panels) == [
+        "TTFT",
+        "TPOT",
+        "ITL",
+        "end-to-end latency",
+        "throughput",
+        "completed requests/s",
+        "requests per level",
+        "failed requests",
+    ]
+
+    def notes(title: str) -> list[str]:
+        return [text.get_text() for text in panels[title].texts]
+
+    # n per point: requests for TTFT and end-to-end, gaps between chunks for ITL; no point, no n
+    assert notes("TTFT") == ["n=2"] and notes("end-to-end latency") == ["n=2"] and notes("ITL") == ["n=3"]
+    completed, failed = panels["requests per level"].get_lines()
+    assert list(completed.get_ydata()) == [2, 0] and list(failed.get_ydata()) == [1, 2]
+    (share,) = panels["failed requests"].get_lines()
+    assert list(share.get_ydata()) == pytest.approx([100 / 3, 100.0])
+    p50 = panels["ITL"].get_lines()[0]
+    assert p50.get_label() == "p50" and p50.get_ydata()[0] == pytest.approx(30.0)
 
 
 def test_run_config() -> None:

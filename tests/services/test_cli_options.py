@@ -58,8 +58,8 @@ def test_env_reaches_every_subcommand() -> None:
         "DSPARK_RAY_ADDRESS": "ray://head:10001",
         "DSPARK_ROLE": "prefill",
         "DSPARK_REPLICAS": "3",
-        "DSPARK_CONCURRENCY": "2,4",
-        "DSPARK_WORKLOAD": "chat",
+        "DSPARK_BENCH_CONCURRENCY": "2,4",
+        "DSPARK_BENCH_WORKLOAD": "chat",
     }
     worker = parse(["worker"], env)
     assert worker.ray_address == "ray://head:10001" and worker.role == "prefill" and worker.replicas == 3
