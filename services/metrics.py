@@ -125,6 +125,12 @@ METRIC_SPECS: tuple[MetricSpec, ...] = (
     MetricSpec("dspark_num_requests_waiting", "gauge", "Requests queued for a worker.", _ML),
     MetricSpec("dspark_kv_cache_usage_ratio", "gauge", "Fraction of KV slots in use (0..1).", _ML),
     MetricSpec("dspark_requests_total", "counter", "Finished requests by status.", (*_ML, "status")),
+    MetricSpec(
+        "dspark_request_migrations_total",
+        "counter",
+        "Requests moved to another worker when theirs died (worker_down) or drained (drain).",
+        (*_ML, "reason"),
+    ),
     MetricSpec("dspark_prompt_tokens_total", "counter", "Prompt tokens processed.", _ML),
     MetricSpec("dspark_generation_tokens_total", "counter", "Tokens generated.", _ML),
     MetricSpec("dspark_prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache.", _ML),

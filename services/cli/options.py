@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from services.cli.reliability_options import add_reliability_options
 from services.cli.vllm_options import (
     AppendOnCommandLine,
     ModelAction,
@@ -322,6 +323,7 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
         help="decode directly when at most this many prompt tokens are uncached (0: never)",
     )
     group.add_argument("--log-level", default="info", help="debug, info, warning (default: %(default)s)")
+    add_reliability_options(parser)
 
 
 def gateway_config_from_args(args: argparse.Namespace) -> Any:
@@ -335,6 +337,8 @@ def gateway_config_from_args(args: argparse.Namespace) -> Any:
         tool_call_parser=args.tool_call_parser,
         max_body_bytes=args.max_body_bytes,
         kv_transfer_timeout_s=args.kv_transfer_timeout,
+        migration_limit=args.migration_limit,
+        shutdown_grace_s=args.shutdown_grace,
         pool=PoolConfig(
             stats_interval_s=args.stats_interval,
             max_queued_per_worker=args.max_queued_per_worker,

@@ -43,6 +43,7 @@ from services.gateway.responses_api import install_responses_routes
 from services.gateway.serving import Generation, GenerationRunner, new_response_id
 from services.gateway.structured_output import GrammarCheck
 from services.gateway.telemetry import UNKNOWN_MODEL, RequestMetrics, RequestTimer, WorkerStatsExporter
+from services.gateway.tracked import Tracked
 from services.gateway.utility_routes import install_utility_routes
 from services.metrics import Metrics
 from services.router import Router
@@ -164,9 +165,16 @@ def create_app(
         add_timeout_s=config.add_timeout_s,
         kv_transfer_timeout_s=config.kv_transfer_timeout_s,
         retry_after_s=config.retry_after_s,
+        migration_limit=config.migration_limit,
     )
     exporter = WorkerStatsExporter(metrics)
     request_metrics = RequestMetrics(metrics)
+
+    def count_migration(tracked: Tracked, reason: str) -> None:
+        info = pool.any_info()
+        request_metrics.migrated(info.model_name if info is not None else UNKNOWN_MODEL, reason)
+
+    dispatcher.on_migration = count_migration
     gateway = Gateway(
         config,
         pool,

@@ -19,6 +19,8 @@ class GatewayConfig:
     add_timeout_s: float = 60.0  # a worker must accept (or refuse) a request within this
     kv_transfer_timeout_s: float = 30.0
     retry_after_s: int = 1
+    migration_limit: int = 3  # moves of a request off dead or draining workers (docs/design.md §5.6)
+    shutdown_grace_s: float = 30.0  # after SIGTERM, for running requests to finish
     pool: PoolConfig = field(default_factory=PoolConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
 
@@ -27,6 +29,10 @@ class GatewayConfig:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.kv_transfer_timeout_s <= 0:
             raise ValueError(f"kv_transfer_timeout_s must be > 0, got {self.kv_transfer_timeout_s}")
+        if self.migration_limit < 0:
+            raise ValueError(f"migration_limit must be >= 0, got {self.migration_limit}")
+        if self.shutdown_grace_s < 0:
+            raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
         if any(not key for key in self.api_keys):
             raise ValueError("api_keys must not contain empty keys")
         if self.tool_call_parser is not None:

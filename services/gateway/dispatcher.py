@@ -1,11 +1,13 @@
-"""The life of an engine request at the gateway: route, submit, follow, hand off, finish.
+"""The life of an engine request at the gateway: route, submit, follow, hand off, move, finish.
 
 Colocated: one worker runs the request and streams its outputs.
 Disaggregated: the prefill worker runs the prompt and publishes the first token together
 with a transfer ticket; the dispatcher streams that token to the client at once and asks
 the decode worker to receive the KV (`receive_kv`), after which the decode worker streams
-the rest. A failed or timed-out transfer, or a worker that dies, ends the request with an
-error output (finish_reason "error"): a request never waits on a worker that cannot answer.
+the rest. A request whose worker dies (or drains it) moves to another as a continuation of
+the tokens the client has (docs/design.md §5.6), up to `migration_limit` times; past that, or
+with nowhere to go, it ends with an error output (finish_reason "error"): a request never
+waits on a worker that cannot answer.
 
 Outputs reach the HTTP layer through a per-HTTP-request queue (`sink`) of
 `(choice index, RequestOutput)`; the last item of every engine request is a finished output.
@@ -17,55 +19,22 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Literal
 
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from services.gateway.errors import APIError, InternalError, Overloaded, ServiceUnavailable, field_error
 from services.gateway.pool import Replica, WorkerPool
-from services.router import AtCapacity, NoReplicas, Route, Router
+from services.gateway.tracked import Sink, Tracked, new_rng_key
+from services.router import AtCapacity, NoReplicas, Router
 from services.workers.client import WorkerUnavailable
 from services.workers.transfer import TransferTicket
 from services.workers.types import WorkerEvent, error_output, not_finished
 
 logger = logging.getLogger(__name__)
 
-Stage = Literal["prefill", "transfer", "decode", "colocated", "done"]
-Sink = asyncio.Queue[tuple[int, RequestOutput]]
-
-
-@dataclass
-class Tracked:
-    """One engine request (one choice of an HTTP request) as the gateway follows it."""
-
-    request_id: str
-    index: int
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    sink: Sink
-    route: Route
-    arrival_s: float  # gateway perf_counter
-    stage: Stage = "colocated"
-    replica: str = ""  # the replica that holds the request now
-    decode_replica: str | None = None
-    first_role: str = "worker"  # role of the replica that queued and prefilled it (metric label)
-    decode_role: str = "worker"  # role of the replica that decoded it
-    holds: list[str] = field(default_factory=list)  # replicas whose inflight count includes it
-    # phase boundaries on the gateway clock (perf_counter seconds)
-    first_token_s: float | None = None
-    handoff_s: float | None = None
-    decode_start_s: float | None = None
-    last_token_s: float | None = None
-    prefill_s: float | None = None  # engine-measured: first scheduled -> first token
-    num_cached_tokens: int = 0
-    num_prompt_tokens: int = 0
-    finish_reason: str | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.stage == "done"
+MigrationReason = Literal["worker_down", "drain"]
 
 
 class Dispatcher:
@@ -77,12 +46,16 @@ class Dispatcher:
         add_timeout_s: float = 60.0,
         kv_transfer_timeout_s: float = 30.0,
         retry_after_s: int = 1,
+        migration_limit: int = 3,
+        on_migration: Callable[[Tracked, MigrationReason], None] | None = None,
     ) -> None:
         self.pool = pool
         self.router = router
         self.add_timeout_s = add_timeout_s
         self.kv_transfer_timeout_s = kv_transfer_timeout_s
         self.retry_after_s = retry_after_s
+        self.migration_limit = migration_limit
+        self.on_migration = on_migration
         self.requests: dict[str, Tracked] = {}
         self._background: set[asyncio.Task[None]] = set()
 
@@ -98,48 +71,72 @@ class Dispatcher:
         arrival_s: float,
     ) -> Tracked:
         """Route and start one engine request; raises an APIError (400/429/503/500) if it cannot."""
-        try:
-            route = self.router.route(prompt_token_ids, **self.pool.loads())
-        except AtCapacity as exc:
-            raise Overloaded(f"The server is overloaded ({exc}); retry later.", self.retry_after_s) from None
-        except NoReplicas as exc:
-            raise ServiceUnavailable(f"No workers available to serve the request ({exc}).") from None
-        disaggregated = route.prefill is not None
-        first = route.prefill if route.prefill is not None else route.decode
         tracked = Tracked(
             request_id,
             index,
             prompt_token_ids,
             params,
             sink,
-            route,
             arrival_s,
-            stage="prefill" if disaggregated else "colocated",
-            replica=first,
-            decode_replica=route.decode if disaggregated else None,
-            first_role=self.pool.replicas[first].role,
-            decode_role=self.pool.replicas[route.decode].role,
             num_prompt_tokens=len(prompt_token_ids),
+            rng_key=None if params.seed is not None else new_rng_key(),
         )
         self.requests[request_id] = tracked
-        self._hold(tracked, first)
-        if disaggregated:
-            self._hold(tracked, route.decode)
-        replica = self.pool.replicas[first]
-        try:
-            ack = await replica.client.add_request(
-                self.pool.consumer_id, request_id, prompt_token_ids, params, disaggregated, self.add_timeout_s
-            )
-        except WorkerUnavailable as exc:
+        error = await self._start(tracked)
+        if error is not None:
             self._drop(tracked)
-            self.pool.mark_down(first, str(exc))
-            raise ServiceUnavailable(f"Worker {first} is unavailable; retry the request.") from None
-        if not ack.ok:
-            self._drop(tracked)
-            if ack.kind == "invalid":
-                raise field_error(ack.error or "invalid request")
-            raise InternalError(f"Worker {first} could not start the request: {ack.error}")
+            raise error
         return tracked
+
+    async def _start(self, tracked: Tracked) -> APIError | None:
+        """Route `tracked` (prompt + the tokens it already has) and add it to a worker as a
+        continuation; a worker found down on the way is marked so and another is tried.
+        Returns the error that stopped it, or None once a worker holds it."""
+        tokens = tracked.prompt_token_ids + tracked.output_ids
+        for _ in range(self.migration_limit + 1):
+            try:
+                route = self.router.route(tokens, **self.pool.loads())
+            except AtCapacity as exc:
+                return Overloaded(f"The server is overloaded ({exc}); retry later.", self.retry_after_s)
+            except NoReplicas as exc:
+                return ServiceUnavailable(f"No workers available to serve the request ({exc}).")
+            disaggregated = route.prefill is not None
+            first = route.prefill if route.prefill is not None else route.decode
+            tracked.stage = "prefill" if disaggregated else "colocated"
+            tracked.replica = first
+            tracked.decode_replica = route.decode if disaggregated else None
+            tracked.first_role = self.pool.replicas[first].role
+            tracked.decode_role = self.pool.replicas[route.decode].role
+            self._hold(tracked, first)
+            if disaggregated:
+                self._hold(tracked, route.decode)
+            replica = self.pool.replicas[first]
+            try:
+                ack = await replica.client.add_request(
+                    self.pool.consumer_id,
+                    tracked.request_id,
+                    tracked.prompt_token_ids,
+                    tracked.params,
+                    disaggregated,
+                    self.add_timeout_s,
+                    continuation=tracked.continuation(),
+                )
+            except WorkerUnavailable as exc:
+                self._release_all(tracked)
+                tracked.replica = ""  # marking the replica down must not move this request too
+                self.pool.mark_down(first, str(exc))
+                continue
+            if tracked.done:  # the client left while the worker took it
+                if ack.ok:
+                    self._send_abort(first, [tracked.request_id])
+                return None
+            if not ack.ok:
+                self._release_all(tracked)
+                if ack.kind == "invalid":
+                    return field_error(ack.error or "invalid request")
+                return InternalError(f"Worker {first} could not start the request: {ack.error}")
+            return None
+        return ServiceUnavailable("Every worker tried was unavailable; retry the request.")
 
     async def submit_all(
         self, jobs: Sequence[tuple[str, int, list[int], SamplingParams]], sink: Sink, arrival_s: float
@@ -179,17 +176,23 @@ class Dispatcher:
                     tracked.decode_start_s = now
             if event.ticket is not None:
                 self._on_handoff(tracked, out, event.ticket, now)
+            elif out.finished and out.finish_reason == "migrate":
+                self.migrate(tracked, f"worker {replica.replica_id} is draining", "drain", out)
             elif out.finished:
                 self._finish(tracked, out)
             else:
-                tracked.sink.put_nowait((tracked.index, out))
+                self._pass_on(tracked, out)
+
+    def _pass_on(self, tracked: Tracked, out: RequestOutput) -> None:
+        tracked.output_ids.extend(out.new_token_ids)
+        tracked.sink.put_nowait((tracked.index, out))
 
     def _on_handoff(self, tracked: Tracked, out: RequestOutput, ticket: TransferTicket, now: float) -> None:
         # the transfer phase starts at the first token: sending the KV off the prefill
         # worker (which may follow the token in a separate event) is part of it
         tracked.handoff_s = tracked.first_token_s if tracked.first_token_s is not None else now
         if out.new_token_ids or out.new_text:
-            tracked.sink.put_nowait((tracked.index, not_finished(out)))
+            self._pass_on(tracked, not_finished(out))
         self._release(tracked, tracked.replica)
         tracked.stage = "transfer"
         self._spawn(self._transfer(tracked, ticket))
@@ -217,7 +220,9 @@ class Dispatcher:
                 self.pool.consumer_id, tracked.request_id, ticket, self.kv_transfer_timeout_s
             )
         except WorkerUnavailable as exc:
-            self.fail(tracked, f"decode worker {replica.replica_id} failed during the KV transfer: {exc}")
+            if tracked.replica == replica.replica_id:
+                why = f"decode worker {replica.replica_id} failed during the KV transfer: {exc}"
+                self.migrate(tracked, why, "worker_down")
             return
         if tracked.done:  # aborted or failed while the KV moved
             if ack.ok:
@@ -269,7 +274,36 @@ class Dispatcher:
     def on_replica_down(self, replica: Replica, why: str) -> None:
         self.router.forget(replica.replica_id)
         for tracked in [t for t in self.requests.values() if t.replica == replica.replica_id]:
-            self.fail(tracked, f"worker {replica.replica_id} failed: {why}", abort=False)
+            self.migrate(tracked, f"worker {replica.replica_id} failed: {why}", "worker_down")
+
+    # -- migration (docs/design.md §5.6) ----------------------------------------------------
+
+    def migrate(self, tracked: Tracked, why: str, reason: MigrationReason, last: RequestOutput | None = None) -> None:
+        """Move `tracked` off its replica to a live one, continuing after the tokens the client
+        has; `last` is the old replica's final output (a drain's), whose tokens are kept.
+        Past `migration_limit` moves the request fails with `why`."""
+        if tracked.done:
+            return
+        if last is not None and (last.new_token_ids or last.new_text):
+            self._pass_on(tracked, not_finished(last))
+        if tracked.migrations >= self.migration_limit:
+            self.fail(tracked, f"{why} (moved {tracked.migrations} times already)", abort=False)
+            return
+        old = tracked.replica
+        tracked.replica = ""  # from here on, outputs from the old replica are dropped
+        tracked.migrations += 1
+        self._release_all(tracked)
+        if old and last is None:
+            self._send_abort(old, [tracked.request_id])  # in case it still runs there
+        logger.warning("request %s: moving it off %s (%s)", tracked.request_id, old or "its worker", why)
+        if self.on_migration is not None:
+            self.on_migration(tracked, reason)
+        self._spawn(self._restart(tracked, why))
+
+    async def _restart(self, tracked: Tracked, why: str) -> None:
+        error = await self._start(tracked)
+        if error is not None and not tracked.done:
+            self.fail(tracked, f"{why}; it could not be moved: {error.message}", abort=False)
 
     def _send_abort(self, replica_id: str, request_ids: list[str]) -> None:
         replica = self.pool.replicas.get(replica_id)
@@ -302,8 +336,11 @@ class Dispatcher:
             if replica is not None:
                 replica.inflight = max(0, replica.inflight - 1)
 
+    def _release_all(self, tracked: Tracked) -> None:
+        for replica_id in list(tracked.holds):
+            self._release(tracked, replica_id)
+
     def _drop(self, tracked: Tracked) -> None:
         tracked.stage = "done"
         self.requests.pop(tracked.request_id, None)
-        for replica_id in list(tracked.holds):
-            self._release(tracked, replica_id)
+        self._release_all(tracked)

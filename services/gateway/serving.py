@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
-from services.gateway.dispatcher import Dispatcher, Sink, Tracked
+from services.gateway.dispatcher import Dispatcher
 from services.gateway.errors import APIError, InternalError
 from services.gateway.preprocess import Job
 from services.gateway.responses import ChoiceState, Formatter, Usage
 from services.gateway.streaming import DisconnectAwareStreamingResponse, wait_for_disconnect
 from services.gateway.telemetry import CLIENT_CLOSED, InflightRequest, RequestMetrics, RequestTimer
+from services.gateway.tracked import Sink, Tracked
 from services.gateway.wire_format import WireFormat
 
 logger = logging.getLogger(__name__)

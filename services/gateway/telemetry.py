@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.gateway.dispatcher import Tracked
+from services.gateway.tracked import Tracked
 from services.metrics import Metrics
 
 GATEWAY_ROLE = "gateway"
@@ -96,10 +96,15 @@ class RequestMetrics:
         m.counter("dspark_requests_total").labels(*gateway, "200")
         m.counter("dspark_prompt_tokens_total").labels(*gateway)
         m.counter("dspark_generation_tokens_total").labels(*gateway)
+        for reason in ("worker_down", "drain"):
+            m.counter("dspark_request_migrations_total").labels(*gateway, reason)
         m.gauge("dspark_num_requests_waiting").labels(*gateway)
         m.gauge("dspark_num_requests_running").labels(*gateway)
         for name in _PHASES_BY_ROLE.get(worker_role, ()):
             m.histogram(name).labels(model, worker_role)
+
+    def migrated(self, model: str, reason: str) -> None:
+        self.metrics.counter("dspark_request_migrations_total").labels(model, GATEWAY_ROLE, reason).inc()
 
     def count(self, model: str, status: int) -> None:
         self.metrics.counter("dspark_requests_total").labels(model, GATEWAY_ROLE, str(status)).inc()

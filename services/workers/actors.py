@@ -16,6 +16,7 @@ from typing import Any
 import ray
 
 from engine.config import EngineConfig
+from engine.handoff import Continuation
 from engine.sampling_params import SamplingParams
 from services.workers.engine_loop import EngineLoop
 from services.workers.transfer import TransferTicket, make_transfer
@@ -80,10 +81,13 @@ class _EngineWorker:
         prompt_token_ids: list[int],
         params: SamplingParams,
         prefill_only: bool = False,
+        continuation: Continuation | None = None,
     ) -> Ack:
         import asyncio
 
-        future = self._loop.add_request(consumer, request_id, prompt_token_ids, params, prefill_only=prefill_only)
+        future = self._loop.add_request(
+            consumer, request_id, prompt_token_ids, params, prefill_only=prefill_only, continuation=continuation
+        )
         return await asyncio.wrap_future(future)
 
     async def receive_kv(self, consumer: str, request_id: str, ticket: TransferTicket, timeout_s: float) -> Ack:

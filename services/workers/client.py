@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from engine.handoff import Continuation
 from engine.sampling_params import SamplingParams
 from services.workers.engine_loop import EngineLoop
 from services.workers.transfer import TransferTicket
@@ -42,6 +43,7 @@ class WorkerClient(abc.ABC):
         params: SamplingParams,
         prefill_only: bool,
         timeout_s: float,
+        continuation: Continuation | None = None,
     ) -> Ack: ...
 
     @abc.abstractmethod
@@ -94,9 +96,17 @@ class RayWorkerClient(WorkerClient):
         params: SamplingParams,
         prefill_only: bool,
         timeout_s: float,
+        continuation: Continuation | None = None,
     ) -> Ack:
         return await self._call(
-            "add_request", consumer, request_id, prompt_token_ids, params, prefill_only, timeout_s=timeout_s
+            "add_request",
+            consumer,
+            request_id,
+            prompt_token_ids,
+            params,
+            prefill_only,
+            continuation,
+            timeout_s=timeout_s,
         )
 
     async def receive_kv(
@@ -148,9 +158,12 @@ class LocalWorkerClient(WorkerClient):
         params: SamplingParams,
         prefill_only: bool,
         timeout_s: float,
+        continuation: Continuation | None = None,
     ) -> Ack:
         self._check()
-        future = self.loop.add_request(consumer, request_id, prompt_token_ids, params, prefill_only=prefill_only)
+        future = self.loop.add_request(
+            consumer, request_id, prompt_token_ids, params, prefill_only=prefill_only, continuation=continuation
+        )
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
         except asyncio.TimeoutError as exc:

@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from engine.handoff import KVHandoff
+from engine.handoff import Continuation, KVHandoff
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from services.workers.outbox import Outbox
@@ -142,6 +142,7 @@ class EngineLoop:
         *,
         prefill_only: bool = False,
         arrival_s: float | None = None,
+        continuation: Continuation | None = None,
     ) -> concurrent.futures.Future[Ack]:
         future: concurrent.futures.Future[Ack] = concurrent.futures.Future()
         if self.fatal_error is not None:
@@ -150,7 +151,9 @@ class EngineLoop:
         arrival = time.perf_counter() if arrival_s is None else arrival_s
         prompt = list(prompt_token_ids)
         self.outbox.touch(consumer)
-        self._submit(lambda: self._do_add(future, consumer, request_id, prompt, params, prefill_only, arrival))
+        self._submit(
+            lambda: self._do_add(future, consumer, request_id, prompt, params, prefill_only, arrival, continuation)
+        )
         return future
 
     def abort(self, request_ids: Sequence[str]) -> None:
@@ -264,12 +267,24 @@ class EngineLoop:
         params: SamplingParams,
         prefill_only: bool,
         arrival_s: float,
+        continuation: Continuation | None,
     ) -> None:
         if request_id in self._owner:
             future.set_result(Ack.invalid(f"request_id: {request_id!r} is already running"))
             return
-        add = self.engine.add_prefill_request if prefill_only else self.engine.add_request
-        self._admit(future, consumer, request_id, lambda: add(request_id, prompt, params, arrival_s=arrival_s))
+        self._admit(
+            future,
+            consumer,
+            request_id,
+            lambda: self.engine.add_request(
+                request_id,
+                prompt,
+                params,
+                arrival_s,
+                prefill_only=prefill_only,
+                continuation=continuation,
+            ),
+        )
 
     def _do_add_decode(
         self, future: concurrent.futures.Future[Ack], consumer: str, request_id: str, handoff: KVHandoff

@@ -52,10 +52,12 @@ def drain(engine: Any) -> None:
         engine.step()
 
 
-def greedy_reference(engine: Any, prompts: Sequence[list[int]], max_tokens: int) -> list[str]:
+def greedy_reference(
+    engine: Any, prompts: Sequence[list[int]], max_tokens: int, *, ignore_eos: bool = False
+) -> list[str]:
     """Offline greedy outputs of the engine for the prompts, all in one batch."""
     drain(engine)
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
     for i, prompt in enumerate(prompts):
         engine.add_request(f"ref-{i}", list(prompt), params)
     texts = {f"ref-{i}": "" for i in range(len(prompts))}

@@ -8,10 +8,9 @@ from prometheus_client import generate_latest
 
 from engine.core import EngineStats
 from engine.sampling_params import SamplingParams
-from services.gateway.dispatcher import Tracked
 from services.gateway.telemetry import RequestMetrics, RequestTimer, WorkerStatsExporter
+from services.gateway.tracked import Tracked
 from services.metrics import Metrics
-from services.router import Route
 from services.workers.outbox import Outbox
 from services.workers.types import WorkerEvent
 
@@ -60,7 +59,6 @@ def tracked(**times: float | None) -> Tracked:
         [1, 2],
         SamplingParams(),
         asyncio.Queue(),
-        Route("disaggregated", "p", "d", 0),
         0.0,
         first_role="prefill",
         decode_role="decode",
