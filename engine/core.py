@@ -11,6 +11,7 @@ drive this same loop.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import time
 from collections import deque
@@ -187,7 +188,8 @@ class EngineCore:
             request_id=request_id,
             prompt_ids=tuple(req.prompt_ids),
             output_ids=tuple(req.output_ids),
-            params=req.params,
+            # the prompt logprobs left with the first token: the decode engine owes none
+            params=dataclasses.replace(req.params, prompt_logprobs=None),
             rng_key=req.rng_key,
             kv_len=req.kv_len,
             target_kv=target_kv,
@@ -288,6 +290,8 @@ class EngineCore:
         tokens and release the requests they finished."""
         with self._permit_wait():
             result = pending.wait()
+        if result.prompt_logprob is not None:  # before the tokens: they go out with the first one
+            self._outputs.append_prompt_logprobs(step.chunks, result)
         outputs: list[RequestOutput] = []
         for req, row, num_tokens in self.scheduler.update_from_output(step, result):
             before = len(req.output_ids)

@@ -90,6 +90,7 @@ class LLM:
     def _completion(request_id: str, prompt: list[int], outs: list[RequestOutput]) -> Completion:
         last = outs[-1]
         logprobs: tuple[TokenLogprob, ...] = tuple(lp for o in outs for lp in o.new_logprobs)
+        prompt_logprobs = next((o.prompt_logprobs for o in outs if o.prompt_logprobs is not None), None)
         return Completion(
             request_id=request_id,
             prompt_token_ids=tuple(prompt),
@@ -98,6 +99,7 @@ class LLM:
             finish_reason=last.finish_reason,
             stop_reason=last.stop_reason,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             num_cached_tokens=last.num_cached_tokens,
             timings=last.timings,
             spec=last.spec,

@@ -15,6 +15,7 @@ from engine.detokenizer import IncrementalDetokenizer, StopStringMatcher, TokenD
 from engine.outputs import RequestOutput, RequestTimings, SpecStats, TokenLogprob
 from engine.request import Request, RequestStatus
 from engine.runner.step_output import StepResult
+from engine.scheduler import PrefillChunk
 
 _PROMPT_CONTEXT_TOKENS = 5
 
@@ -26,6 +27,7 @@ class _Stream:
     new_ids: list[int] = field(default_factory=list)
     new_text: list[str] = field(default_factory=list)
     new_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs_sent: bool = False
 
 
 class OutputProcessor:
@@ -60,6 +62,9 @@ class OutputProcessor:
         prefill-only request that did not finish is marked for handoff."""
         stream = self._streams[req.request_id]
         params = req.params
+        if params.max_tokens == 0:  # a scoring request: the prompt is computed, nothing generated
+            self.finish(req, "length", flush_text=False)
+            return self._delta(req)
         now = time.perf_counter()
         for j in range(count):
             token = int(result.tokens[row, j])
@@ -92,6 +97,32 @@ class OutputProcessor:
             stream.new_text.append(stream.stops.flush())
         return self._delta(req)
 
+    def append_prompt_logprobs(self, chunks: list[PrefillChunk], result: StepResult) -> None:
+        """Collect the prompt logprobs of a prefill step (`PromptLogprobs`' layout). They depend
+        on the prompt alone, so they are kept even when the request was preempted since the
+        launch; an entry is taken only for the next position missing, so a recompute adds none
+        twice."""
+        assert result.prompt_logprob is not None
+        assert result.prompt_top_ids is not None and result.prompt_top_logprobs is not None
+        row = 0
+        for chunk in chunks:
+            targets = chunk.prompt_targets
+            req = chunk.req
+            top_n = req.params.prompt_logprobs or 0
+            for j, position in enumerate(targets):
+                if req.is_finished or position != len(req.prompt_logprobs) + 1:
+                    continue
+                top = tuple(
+                    (int(t), float(lp))
+                    for t, lp in zip(
+                        result.prompt_top_ids[row + j, :top_n], result.prompt_top_logprobs[row + j, :top_n], strict=True
+                    )
+                )
+                req.prompt_logprobs.append(
+                    TokenLogprob(req.prompt_ids[position], float(result.prompt_logprob[row + j]), top)
+                )
+            row += len(targets)
+
     @staticmethod
     def _logprob(result: StepResult, row: int, col: int, top_n: int) -> TokenLogprob:
         assert result.logprob is not None
@@ -103,14 +134,24 @@ class OutputProcessor:
             )
         return TokenLogprob(int(result.tokens[row, col]), float(result.logprob[row, col]), top)
 
-    def finish(self, req: Request, reason: str, stop_reason: str | int | None = None, error: str | None = None) -> None:
+    def finish(
+        self,
+        req: Request,
+        reason: str,
+        stop_reason: str | int | None = None,
+        error: str | None = None,
+        *,
+        flush_text: bool = True,
+    ) -> None:
+        """Finish `req`; held-back text goes out unless `flush_text` is False (a request that
+        generated nothing, whose detokenizer holds only prompt context)."""
         req.finish_reason = reason
         req.stop_reason = stop_reason
         req.error = error
         req.status = RequestStatus.FINISHED
         req.finished_s = time.perf_counter()
         stream = self._streams[req.request_id]
-        if reason != "stop" or isinstance(stop_reason, int):
+        if flush_text and (reason != "stop" or isinstance(stop_reason, int)):
             emit, _ = stream.stops.feed(stream.detok.flush())
             stream.new_text.append(emit + stream.stops.flush())
 
@@ -127,6 +168,10 @@ class OutputProcessor:
         text = "".join(stream.new_text)
         if not (force or req.is_finished or stream.new_ids or text):
             return None
+        prompt_logprobs = None
+        if req.params.prompt_logprobs is not None and not stream.prompt_logprobs_sent and not req.scores_prompt:
+            prompt_logprobs = tuple(req.prompt_logprobs)
+            stream.prompt_logprobs_sent = True
         out = RequestOutput(
             request_id=req.request_id,
             new_token_ids=tuple(stream.new_ids),
@@ -137,6 +182,7 @@ class OutputProcessor:
             stop_reason=req.stop_reason,
             error=req.error,
             new_logprobs=tuple(stream.new_logprobs),
+            prompt_logprobs=prompt_logprobs,
             num_prompt_tokens=len(req.prompt_ids),
             num_cached_tokens=req.prompt_cache_hit,
             timings=RequestTimings(req.arrival_s, req.first_scheduled_s, req.first_token_s, req.finished_s),

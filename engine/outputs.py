@@ -39,6 +39,10 @@ class RequestOutput:
     stop_reason: str | int | None = None  # the stop string or token id that matched
     error: str | None = None
     new_logprobs: tuple[TokenLogprob, ...] = ()
+    # With SamplingParams.prompt_logprobs, once, on the first output after they are all
+    # computed (the one with the first token): entry i scores prompt token i + 1 under the
+    # model at position i; the first prompt token has no entry. None on every other output.
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache
     timings: RequestTimings | None = None
@@ -56,6 +60,7 @@ class Completion:
     finish_reason: str | None
     stop_reason: str | int | None = None
     logprobs: tuple[TokenLogprob, ...] = ()
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None  # as in RequestOutput
     num_cached_tokens: int = 0
     timings: RequestTimings | None = None
     spec: SpecStats = field(default_factory=SpecStats)

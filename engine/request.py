@@ -34,6 +34,7 @@ class Request:
     epoch: int = 0  # bumped on preemption: results of steps launched before are stale
     output_ids: list[int] = field(default_factory=list)  # tokens already handed to the caller side
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # prompt tokens 1.. so far
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     error: str | None = None
@@ -65,6 +66,12 @@ class Request:
     def all_ids(self) -> list[int]:
         """Prompt followed by everything generated: what a recompute must prefill."""
         return self.prompt_ids + self.output_ids
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Prompt logprobs were asked for and are not all in: its prefill computes them and
+        takes nothing from the prefix cache (docs/design.md §2.4)."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_ids) - 1
 
     @property
     def is_finished(self) -> bool:

@@ -98,6 +98,10 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None  # top-N alternatives per token; 0 = only the chosen token
+    # Logprobs of the prompt's tokens 1.. (each under the model at the position before), with
+    # top-N alternatives; 0 = only the prompt token. max_tokens 0 with them scores a prompt
+    # without generating (docs/design.md §2.4).
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     # OpenAI `logit_bias`: token id -> bias in [-100, 100] added to the logits the token is
     # sampled from (not to the reported logprobs). Stored as a LogitBias; {} becomes None.
@@ -117,9 +121,11 @@ class SamplingParams:
 
     def _validate(self) -> None:
         _require(
-            isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool) and self.max_tokens >= 1,
+            isinstance(self.max_tokens, int)
+            and not isinstance(self.max_tokens, bool)
+            and (self.max_tokens >= 1 or (self.max_tokens == 0 and self.prompt_logprobs is not None)),
             "max_tokens",
-            f"must be an integer >= 1, got {self.max_tokens!r}",
+            f"must be an integer >= 1 (0 only with prompt_logprobs), got {self.max_tokens!r}",
         )
         _require(
             isinstance(self.min_tokens, int)
@@ -170,16 +176,14 @@ class SamplingParams:
             "stop_token_ids",
             f"must be non-negative integers, got {self.stop_token_ids!r}",
         )
-        _require(
-            self.logprobs is None
-            or (
-                isinstance(self.logprobs, int)
-                and not isinstance(self.logprobs, bool)
-                and 0 <= self.logprobs <= MAX_LOGPROBS
-            ),
-            "logprobs",
-            f"must be None or an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
-        )
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _require(
+                value is None
+                or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_LOGPROBS),
+                name,
+                f"must be None or an integer in [0, {MAX_LOGPROBS}], got {value!r}",
+            )
         if self.grammar is not None:
             _require(isinstance(self.grammar, GrammarSpec), "grammar", f"must be a GrammarSpec, got {self.grammar!r}")
             # A finished grammar allows only stop tokens: both options would forbid them.

@@ -47,6 +47,16 @@ class PrefillChunk:
     start: int  # first fill position of this chunk
     end: int  # one past the last
     samples: bool  # the chunk ends the fill: its last logits sample the next token
+    scores_prompt: bool = False  # the chunk computes the logprobs of its prompt targets
+
+    @property
+    def prompt_targets(self) -> range:
+        """Prompt positions t whose logprob this chunk computes, each from the logits at t - 1:
+        [start + 1, min(end, P - 1)] for a prompt of P tokens (the next chunk's first token
+        included, the token sampled after the prompt not)."""
+        if not self.scores_prompt:
+            return range(0)
+        return range(self.start + 1, min(self.end, len(self.req.prompt_ids) - 1) + 1)
 
 
 @dataclass
@@ -255,7 +265,11 @@ class Scheduler:
     def _admit(self, req: Request) -> bool:
         fill = req.all_ids
         reserve_to = kv_reserve(len(fill), self.step_width)
-        if not self.kv.can_admit(reserve_to) or not self.kv.admit(req, fill, reserve_to):
+        # cached positions have KV but no logits: a request scoring its prompt computes it all
+        admitted = self.kv.can_admit(reserve_to) and self.kv.admit(
+            req, fill, reserve_to, use_prefix_cache=not req.scores_prompt
+        )
+        if not admitted:
             return False
         req.fill_ids = fill
         if req.preemptions == 0:
@@ -277,7 +291,8 @@ class Scheduler:
         else:
             return None
         start = req.num_computed
-        return PrefillChunk(req, start, start + take, samples=start + take == len(req.fill_ids))
+        end = start + take
+        return PrefillChunk(req, start, end, samples=end == len(req.fill_ids), scores_prompt=req.scores_prompt)
 
     def admit_decoding(self, req: Request, kv_len: int) -> int | None:
         """Admit a request whose KV for positions [0, kv_len) arrives from elsewhere; it

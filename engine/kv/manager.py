@@ -62,14 +62,16 @@ class KVManager:
         free = self.allocator.num_free_slots + self.prefix_cache.evictable_slots
         return self.table.num_free_rows > 0 and free >= self._round_up(num_tokens)
 
-    def admit(self, req: Request, fill_ids: list[int], reserve_to: int) -> bool:
-        """Give `req` a table row, its cached prefix and slots for positions [0, reserve_to).
-        Returns False (and changes nothing) when memory is short."""
+    def admit(self, req: Request, fill_ids: list[int], reserve_to: int, *, use_prefix_cache: bool = True) -> bool:
+        """Give `req` a table row, its cached prefix (none without `use_prefix_cache`) and
+        slots for positions [0, reserve_to). Returns False (and changes nothing) when memory
+        is short."""
         row = self.table.alloc_row()
         if row is None:
             return False
         # Keep at least one token to compute: its logits sample the next token.
-        match = self.prefix_cache.match_prefix(fill_ids[: len(fill_ids) - 1])
+        lookup = fill_ids[: len(fill_ids) - 1] if use_prefix_cache else []
+        match = self.prefix_cache.match_prefix(lookup)
         cached = len(match.slots)
         self.prefix_cache.lock(match.node)
         slots = self._alloc(self._round_up(reserve_to) - cached)
@@ -82,8 +84,9 @@ class KVManager:
         req.num_cached = cached
         req.prefix_node = match.node
         req.num_allocated = cached + len(slots)
-        self.prefix_queries_total += len(fill_ids)
-        self.prefix_hits_total += cached
+        if use_prefix_cache:
+            self.prefix_queries_total += len(fill_ids)
+            self.prefix_hits_total += cached
         return True
 
     def reserve(self, req: Request, upto: int) -> bool:

@@ -21,6 +21,7 @@ from engine.runner.cpu_decoder_stack import with_cpu_decoder_stack
 from engine.runner.cuda_graphs import DEFAULT_BUCKETS, GraphedStep
 from engine.runner.h2d import to_device
 from engine.runner.options import RunnerOptions
+from engine.runner.prompt_scoring import score_prompts
 from engine.runner.row_sampling import RowSampling
 from engine.runner.spec_decode import SpecDecoder
 from engine.runner.step_output import DeviceStepOutput, PendingStep, StepLogprobs
@@ -157,7 +158,11 @@ class ModelRunner:
             self.kv_len[rows_s] = to_device(ends[pick], self.device)
             self.sampling.record_outputs(rows_s, sample.tokens[:, None])
             logprobs = sample.step_logprobs(num, pick_d)
-        return PendingStep(DeviceStepOutput(tokens, accept_len, kv_len, logprobs), self.copy_stream)
+        prompt_logprobs = score_prompts(
+            self.model, hidden, chunks, self.vocab_size, self.device, self.options.prompt_logprob_slice_rows
+        )
+        outputs = DeviceStepOutput(tokens, accept_len, kv_len, logprobs, prompt_logprobs=prompt_logprobs)
+        return PendingStep(outputs, self.copy_stream)
 
     def _decode(self, step: ScheduledStep) -> PendingStep:
         reqs = step.decode

@@ -22,3 +22,6 @@ class RunnerOptions:
     # Replaces DSpark's acceptance after the verify forward (a benchmark forcing accept
     # lengths); None: the lossless rule of engine/speculative/accept.py.
     accept_rule: AcceptRule | None = None
+    # Rows of logits per slice when scoring prompts (engine/runner/prompt_scoring.py); None:
+    # as many as fit its byte bound. A test passes a few to cut short prompts into slices.
+    prompt_logprob_slice_rows: int | None = None

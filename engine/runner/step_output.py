@@ -23,6 +23,15 @@ class StepLogprobs(NamedTuple):
     top_logprobs: torch.Tensor  # [R, W, N] float32
 
 
+class PromptLogprobs(NamedTuple):
+    """Logprobs of prompt tokens a prefill step scored, chunk after chunk, each chunk's
+    `PrefillChunk.prompt_targets` in order (P = the rows of all of them)."""
+
+    logprob: torch.Tensor  # [P] float32: log p of each prompt token at the position before
+    top_ids: torch.Tensor  # [P, N] int64: the N most likely tokens there, best first
+    top_logprobs: torch.Tensor  # [P, N] float32
+
+
 class DeviceStepOutput(NamedTuple):
     """One step's fixed-shape outputs, one row per scheduled request (W = 1 outside DSpark)."""
 
@@ -31,16 +40,20 @@ class DeviceStepOutput(NamedTuple):
     kv_len: torch.Tensor  # [R] int32: the row's KV length after the step
     logprobs: StepLogprobs | None = None  # when a row of the step asked for logprobs
     draft_len: torch.Tensor | None = None  # [R] int32: DSpark tokens drafted per row
+    prompt_logprobs: PromptLogprobs | None = None  # prefill steps with a chunk scoring its prompt
 
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> DeviceStepOutput:
         """The same outputs with `fn` applied to every tensor (copies, batch cuts)."""
-        lp = self.logprobs
+        lp, plp = self.logprobs, self.prompt_logprobs
         return DeviceStepOutput(
             tokens=fn(self.tokens),
             accept_len=fn(self.accept_len),
             kv_len=fn(self.kv_len),
             logprobs=None if lp is None else StepLogprobs(fn(lp.logprob), fn(lp.top_ids), fn(lp.top_logprobs)),
             draft_len=None if self.draft_len is None else fn(self.draft_len),
+            prompt_logprobs=None
+            if plp is None
+            else PromptLogprobs(fn(plp.logprob), fn(plp.top_ids), fn(plp.top_logprobs)),
         )
 
 
@@ -55,6 +68,9 @@ class StepResult:
     top_ids: np.ndarray | None  # [R, W, N] int64
     top_logprobs: np.ndarray | None  # [R, W, N] float32
     draft_len: np.ndarray | None = None  # [R] int32
+    prompt_logprob: np.ndarray | None = None  # [P] float32 (PromptLogprobs' layout)
+    prompt_top_ids: np.ndarray | None = None  # [P, N] int64
+    prompt_top_logprobs: np.ndarray | None = None  # [P, N] float32
 
 
 class PendingStep:
@@ -83,7 +99,7 @@ class PendingStep:
         """Block until the copies landed (the permitted per-step wait) and view them."""
         if self._done is not None:
             self._done.synchronize()
-        host, lp = self._host, self._host.logprobs
+        host, lp, plp = self._host, self._host.logprobs, self._host.prompt_logprobs
         return StepResult(
             tokens=host.tokens.numpy(),
             accept_len=host.accept_len.numpy(),
@@ -91,5 +107,8 @@ class PendingStep:
             logprob=None if lp is None else lp.logprob.numpy(),
             top_ids=None if lp is None else lp.top_ids.numpy(),
             top_logprobs=None if lp is None else lp.top_logprobs.numpy(),
-            draft_len=None if self._host.draft_len is None else self._host.draft_len.numpy(),
+            draft_len=None if host.draft_len is None else host.draft_len.numpy(),
+            prompt_logprob=None if plp is None else plp.logprob.numpy(),
+            prompt_top_ids=None if plp is None else plp.top_ids.numpy(),
+            prompt_top_logprobs=None if plp is None else plp.top_logprobs.numpy(),
         )

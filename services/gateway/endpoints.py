@@ -19,7 +19,7 @@ from services.gateway.protocol import (
     parse_chat,
     parse_completion,
 )
-from services.gateway.responses import ChatFormatter, CompletionFormatter, Formatter, TokenText
+from services.gateway.responses import ChatFormatter, CompletionFormatter, EchoedPrompt, Formatter, TokenText
 from services.gateway.structured_output import chat_grammar, guided_grammar
 from services.gateway.tool_choice import renders_tools
 from services.gateway.tool_parsers import ToolParser, parser_for
@@ -93,14 +93,16 @@ def _completion_plan(req: CompletionRequest, served: Served) -> Plan:
     tokenizer = served.tokenizer
     grammar, grammar_param = guided_grammar(req)
     jobs, prompts = completion_jobs(req, tokenizer, served.max_model_len, tokenizer_vocab_size(tokenizer), grammar)
-    echo = [tokenizer.decode(p, skip_special_tokens=False) for p in prompts] if req.echo else None
+    echo = (
+        [EchoedPrompt(tuple(p), tokenizer.decode(p, skip_special_tokens=False)) for p in prompts] if req.echo else None
+    )
     formatter = CompletionFormatter(
         served.response_id,
         served.model,
         served.token_text,
         logprobs=req.logprobs is not None,
         include_usage=served.include_usage,
-        echo_texts=echo,
+        echo=echo,
         n=req.n,
     )
     return Plan(jobs, len(prompts), formatter, grammar, grammar_param)

@@ -21,9 +21,16 @@ class Job:
     params: SamplingParams
 
 
-def resolve_max_tokens(requested: int | None, prompt_len: int, max_model_len: int, param: str) -> int:
-    if requested is not None and requested < 1:
-        raise InvalidRequest(f"{param}: must be an integer >= 1, got {requested}", param=param, code="invalid_value")
+def resolve_max_tokens(
+    requested: int | None, prompt_len: int, max_model_len: int, param: str, *, zero_with_echo: bool = False
+) -> int:
+    """The request's max_tokens, or what the context leaves; 0 only for a completion that
+    echoes its prompt (`zero_with_echo`: OpenAI's echo without generation)."""
+    if requested is not None and requested < (0 if zero_with_echo else 1):
+        only = " (0 only with echo)" if param == "max_tokens" and requested == 0 else ""
+        raise InvalidRequest(
+            f"{param}: must be an integer >= 1{only}, got {requested}", param=param, code="invalid_value"
+        )
     if prompt_len >= max_model_len or (requested is not None and prompt_len + requested > max_model_len):
         raise ContextLengthExceeded(max_model_len, prompt_len, requested)
     return requested if requested is not None else max_model_len - prompt_len
@@ -38,6 +45,7 @@ def sampling_params(
     logprobs_param: str,
     grammar: GrammarSpec | None = None,
     vocab_size: int | None = None,
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
     kwargs: dict[str, Any] = {"grammar": grammar, "logit_bias": logit_bias(req.logit_bias)}
     for name in (
@@ -63,7 +71,7 @@ def sampling_params(
     if req.seed is not None:
         kwargs["seed"] = req.seed + sample  # distinct, reproducible samples for n > 1
     try:
-        params = SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **kwargs)
+        params = SamplingParams(max_tokens=max_tokens, logprobs=logprobs, prompt_logprobs=prompt_logprobs, **kwargs)
         if vocab_size is not None:
             params.check_vocab(vocab_size)
         return params
@@ -163,6 +171,16 @@ def completion_prompts(req: CompletionRequest, tokenizer: Any, vocab_size: int |
     return prompts
 
 
+def echo_prompt_logprobs(req: CompletionRequest) -> int | None:
+    """What the engine scores of an echoed prompt: `logprobs` alternatives per token. An echo
+    without generation (max_tokens 0) is a scoring request even when no logprobs are shown."""
+    if not req.echo:
+        return None
+    if req.logprobs is not None:
+        return req.logprobs
+    return 0 if req.max_tokens == 0 else None
+
+
 def completion_jobs(
     req: CompletionRequest,
     tokenizer: Any,
@@ -171,9 +189,12 @@ def completion_jobs(
     grammar: GrammarSpec | None = None,
 ) -> tuple[list[Job], list[list[int]]]:
     prompts = completion_prompts(req, tokenizer, vocab_size)
+    prompt_logprobs = echo_prompt_logprobs(req)
     jobs: list[Job] = []
     for p, prompt in enumerate(prompts):
-        max_tokens = resolve_max_tokens(req.max_tokens, len(prompt), max_model_len, "max_tokens")
+        max_tokens = resolve_max_tokens(
+            req.max_tokens, len(prompt), max_model_len, "max_tokens", zero_with_echo=bool(req.echo)
+        )
         for i in range(req.n):
             jobs.append(
                 Job(
@@ -188,6 +209,7 @@ def completion_jobs(
                         logprobs_param="logprobs",
                         grammar=grammar,
                         vocab_size=vocab_size,
+                        prompt_logprobs=prompt_logprobs,
                     ),
                 )
             )

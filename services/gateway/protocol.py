@@ -148,6 +148,7 @@ class CompletionRequest(_SamplingFields):
     echo: bool | None = False
     suffix: str | None = None
     best_of: int | None = None
+    prompt_logprobs: int | None = None  # vLLM's; refused: echo with logprobs gives them
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
@@ -204,6 +205,12 @@ def parse_completion(body: dict[str, Any]) -> CompletionRequest:
         raise validation_error(exc) from None
     if request.suffix:
         raise InvalidRequest("suffix: not supported by this server", param="suffix", code="unsupported_parameter")
+    if request.prompt_logprobs is not None:
+        raise InvalidRequest(
+            "prompt_logprobs: not supported; send echo: true with logprobs to get the prompt's logprobs",
+            param="prompt_logprobs",
+            code="unsupported_parameter",
+        )
     if request.best_of is not None and request.best_of != request.n:
         raise InvalidRequest("best_of: only best_of == n is supported", param="best_of", code="unsupported_parameter")
     if request.logprobs is not None and not 0 <= request.logprobs <= 5:

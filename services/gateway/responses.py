@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ class ChoiceState:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # an echoed prompt's, when asked for
     finish_reason: str | None = None
     unsent_tokens: int = 0  # tokens whose text has not been streamed yet (partial UTF-8)
 
@@ -31,6 +33,8 @@ class ChoiceState:
         self.text += out.new_text
         self.token_ids.extend(out.new_token_ids)
         self.logprobs.extend(out.new_logprobs)
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
         self.unsent_tokens += len(out.new_token_ids)
         if out.finished:
             self.finish_reason = out.finish_reason
@@ -89,16 +93,43 @@ def chat_logprobs(entries: list[TokenLogprob], token_text: TokenText) -> dict[st
     }
 
 
-def completion_logprobs(entries: list[TokenLogprob], token_text: TokenText, text_offset: int) -> dict[str, Any]:
-    tokens, token_logprobs, tops, offsets = [], [], [], []
-    offset = text_offset
-    for e in entries:
-        text = token_text(e.token_id)
+def completion_logprobs(
+    entries: Sequence[TokenLogprob],
+    token_text: TokenText,
+    text_offset: int,
+    *,
+    echoed_prompt: Sequence[int] = (),
+    prompt_entries: Sequence[TokenLogprob] = (),
+) -> dict[str, Any]:
+    """OpenAI's legacy logprobs: per token its text, logprob, top alternatives (with the token
+    itself, so up to N + 1 of them) and text offset. An echoed prompt's tokens come first,
+    from offset 0: the first one unscored (nulls), token i scored by `prompt_entries[i - 1]`;
+    the generated `entries` start at `text_offset`."""
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
+
+    def add(token_id: int, entry: TokenLogprob | None, offset: int) -> int:
+        text = token_text(token_id)
         tokens.append(text)
-        token_logprobs.append(_lp(e.logprob))
-        tops.append({token_text(t): _lp(lp) for t, lp in e.top} if e.top else None)
         offsets.append(offset)
-        offset += len(text)
+        if entry is None:
+            token_logprobs.append(None)
+            tops.append(None)
+        else:
+            token_logprobs.append(_lp(entry.logprob))
+            top = {token_text(t): _lp(lp) for t, lp in entry.top}
+            top.setdefault(text, _lp(entry.logprob))
+            tops.append(top)
+        return offset + len(text)
+
+    offset = 0
+    for i, token_id in enumerate(echoed_prompt):
+        offset = add(token_id, prompt_entries[i - 1] if 0 < i <= len(prompt_entries) else None, offset)
+    offset = text_offset
+    for entry in entries:
+        offset = add(entry.token_id, entry, offset)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
@@ -146,7 +177,7 @@ class _Formatter:
         return self._chunk([], usage)
 
     def delta_chunk(self, index: int, out: RequestOutput, state: ChoiceState) -> dict[str, Any] | None:
-        if not out.new_text and not (self.logprobs and out.new_logprobs):
+        if not out.new_text and not (self.logprobs and out.new_logprobs) and not self._held(index):
             return None
         content, logprobs = self._delta(index, out)
         if content == {"delta": {}} and logprobs is None:  # a tool-call parser holds the text back
@@ -160,6 +191,10 @@ class _Formatter:
     def full(self, states: list[ChoiceState], usage: Usage) -> dict[str, Any]:
         choices = [self._choice(index, *self._whole(index, state)) for index, state in enumerate(states)]
         return {**self._envelope(self.object_full, choices), "usage": usage.body()}
+
+    def _held(self, index: int) -> bool:
+        """Whether the choice holds content back for its first streamed piece."""
+        return False
 
     def _delta(self, index: int, out: RequestOutput) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """The content fields and logprobs of a streamed piece of a choice."""
@@ -221,7 +256,20 @@ class ChatFormatter(_Formatter):
         return {"message": message}, self._logprobs(state.logprobs), finish_reason
 
 
+@dataclass(frozen=True)
+class EchoedPrompt:
+    """A completion prompt that `echo` puts before the generated text."""
+
+    token_ids: tuple[int, ...]
+    text: str
+
+
 class CompletionFormatter(_Formatter):
+    """Legacy completion choices. With `echo`, the prompt leads the text and, with `logprobs`,
+    the logprobs: its first token unscored, the others as the engine scored them. Streamed,
+    the echo goes out at once, or with `logprobs` in the choice's first piece, which carries
+    the prompt's logprobs."""
+
     object_full = object_chunk = "text_completion"
 
     def __init__(
@@ -232,38 +280,58 @@ class CompletionFormatter(_Formatter):
         *,
         logprobs: bool,
         include_usage: bool,
-        echo_texts: list[str] | None,
+        echo: list[EchoedPrompt] | None,
         n: int,
     ) -> None:
         super().__init__(response_id, model, token_text, logprobs=logprobs, include_usage=include_usage)
-        self.echo_texts = echo_texts
+        self.echo = echo
         self.n = n
-        self._offsets: dict[int, int] = {}
+        self._offsets: dict[int, int] = {}  # streamed choice -> text offset of its next piece
 
-    def _echo(self, index: int) -> str:
-        return self.echo_texts[index // self.n] if self.echo_texts is not None else ""
+    def _echoed(self, index: int) -> EchoedPrompt | None:
+        return self.echo[index // self.n] if self.echo is not None else None
 
-    def _logprobs(self, entries: list[TokenLogprob], text_offset: int) -> dict[str, Any] | None:
-        return completion_logprobs(entries, self.token_text, text_offset) if self.logprobs else None
+    def _logprobs(
+        self,
+        entries: Sequence[TokenLogprob],
+        text_offset: int,
+        echoed: EchoedPrompt | None,
+        scored: Sequence[TokenLogprob],
+    ) -> dict[str, Any] | None:
+        """`entries` generated from `text_offset` on, after `echoed`'s prompt scored by `scored`."""
+        if not self.logprobs:
+            return None
+        prompt = echoed.token_ids if echoed is not None else ()
+        return completion_logprobs(entries, self.token_text, text_offset, echoed_prompt=prompt, prompt_entries=scored)
 
     def opening_chunk(self, index: int) -> dict[str, Any] | None:
-        if self.echo_texts is None:
+        echoed = self._echoed(index)
+        if echoed is None or self.logprobs:
             return None
-        text = self._echo(index)
-        self._offsets[index] = len(text)
-        return self._chunk([self._choice(index, {"text": text}, None, None)])
+        self._offsets[index] = len(echoed.text)
+        return self._chunk([self._choice(index, {"text": echoed.text}, None, None)])
+
+    def _held(self, index: int) -> bool:
+        return self.echo is not None and index not in self._offsets
 
     def _delta(self, index: int, out: RequestOutput) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        offset = self._offsets.get(index, 0)
-        self._offsets[index] = offset + len(out.new_text)
-        return {"text": out.new_text}, self._logprobs(list(out.new_logprobs), offset)
+        if index in self._offsets:
+            offset = self._offsets[index]
+            self._offsets[index] = offset + len(out.new_text)
+            return {"text": out.new_text}, self._logprobs(out.new_logprobs, offset, None, ())
+        echoed = self._echoed(index)  # the choice's first piece: the echo held for the logprobs
+        prefix = echoed.text if echoed is not None else ""
+        self._offsets[index] = len(prefix) + len(out.new_text)
+        logprobs = self._logprobs(out.new_logprobs, len(prefix), echoed, out.prompt_logprobs or ())
+        return {"text": prefix + out.new_text}, logprobs
 
     def _final_delta(self, index: int, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
         return {"text": ""}, finish_reason
 
     def _whole(self, index: int, state: ChoiceState) -> tuple[dict[str, Any], dict[str, Any] | None, str | None]:
-        prefix = self._echo(index)
-        logprobs = self._logprobs(state.logprobs, len(prefix))
+        echoed = self._echoed(index)
+        prefix = echoed.text if echoed is not None else ""
+        logprobs = self._logprobs(state.logprobs, len(prefix), echoed, state.prompt_logprobs)
         return {"text": prefix + state.text}, logprobs, openai_finish_reason(state.finish_reason)
 
 

@@ -374,7 +374,7 @@ class EngineLoop:
     def _send(self, consumer: str, out: RequestOutput, handoff: KVHandoff) -> None:
         """Sender thread: make the KV reachable (e.g. ray.put of tens of MB) off the step
         thread, then publish the ticket."""
-        marker = dataclasses.replace(out, new_token_ids=(), new_text="", new_logprobs=())
+        marker = dataclasses.replace(out, new_token_ids=(), new_text="", new_logprobs=(), prompt_logprobs=None)
         try:
             event = WorkerEvent(marker, self.transfer.send(out.request_id, handoff))
         except Exception as exc:  # export already freed the slots here

@@ -19,7 +19,7 @@ MIXED = [
     SamplingParams(max_tokens=12, temperature=0.0),
     SamplingParams(max_tokens=12, temperature=0.9, top_p=0.9, seed=3),
     SamplingParams(max_tokens=12, temperature=0.7, top_k=20, frequency_penalty=0.5, logprobs=2),
-    SamplingParams(max_tokens=12, temperature=0.0, repetition_penalty=1.3, stop=("\n",)),
+    SamplingParams(max_tokens=12, temperature=0.0, repetition_penalty=1.3, stop=("\n",), prompt_logprobs=2),
 ]
 
 

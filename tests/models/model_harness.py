@@ -166,3 +166,17 @@ def last_logits(model: torch.nn.Module, sequences: list[list[int]]) -> torch.Ten
         hidden = model(torch.tensor(seq), positions, ForwardContext(meta=meta, kv=cache, backend=DenseTestBackend()))
         rows.append(model.compute_logits(hidden[-1:])[0])
     return torch.stack(rows)
+
+
+def sequence_logits(model: torch.nn.Module, sequence: list[int]) -> torch.Tensor:
+    """[len, V] logits of every position of `sequence` from one full forward over a dense
+    cache (no chunks, no prefix cache): the reference of prompt logprobs."""
+    from engine.models.context import ForwardContext
+
+    attn = model.model.layers[0].self_attn
+    param = next(model.parameters())
+    cache = DenseKVCache(len(model.model.layers), attn.num_kv_heads, attn.head_dim, 1, len(sequence) + 1, param.dtype)
+    meta, positions = make_metadata(cache, [0], [0], [len(sequence)])
+    ctx = ForwardContext(meta=meta, kv=cache, backend=DenseTestBackend())  # type: ignore[arg-type]
+    with torch.inference_mode():
+        return model.compute_logits(model(torch.tensor(sequence), positions, ctx))

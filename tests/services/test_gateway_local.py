@@ -96,7 +96,9 @@ def test_completions(client: openai.OpenAI) -> None:
     )
     choice = response.choices[0]
     assert choice.text.startswith("The capital of France is") and len(choice.text) > 24
-    assert choice.logprobs and len(choice.logprobs.tokens or []) == response.usage.completion_tokens  # type: ignore
+    usage = response.usage
+    assert usage is not None and choice.logprobs is not None  # the echoed prompt's tokens lead the logprobs
+    assert len(choice.logprobs.tokens or []) == usage.prompt_tokens + usage.completion_tokens
     batch = client.completions.create(model=MODEL, prompt=["One, two,", "A, B,"], max_tokens=3, temperature=0, n=2)
     assert sorted(c.index for c in batch.choices) == [0, 1, 2, 3]
     streamed = list(client.completions.create(model=MODEL, prompt=[1, 2, 3], max_tokens=4, temperature=0, stream=True))

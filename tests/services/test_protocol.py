@@ -159,6 +159,7 @@ def test_content_parts_and_developer_role() -> None:
         ({"model": "m", "prompt": "x", "best_of": 3}, "best_of"),
         ({"model": "m", "prompt": "x", "logprobs": 6}, "logprobs"),
         ({"model": "m", "prompt": "x", "echo": 1}, "echo"),
+        ({"model": "m", "prompt": "x", "prompt_logprobs": 1}, "prompt_logprobs"),
     ],
 )
 def test_bad_completion_fields(body: dict[str, object], param: str) -> None:
@@ -201,6 +202,9 @@ def test_context_length() -> None:
     with pytest.raises(InvalidRequest) as bad:
         resolve_max_tokens(0, 10, 100, "max_completion_tokens")
     assert bad.value.param == "max_completion_tokens"
+    assert resolve_max_tokens(0, 10, 100, "max_tokens", zero_with_echo=True) == 0  # OpenAI's echo only
+    with pytest.raises(InvalidRequest, match="0 only with echo"):
+        resolve_max_tokens(0, 10, 100, "max_tokens")
 
 
 def test_error_statuses_and_shapes() -> None:

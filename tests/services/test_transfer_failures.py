@@ -158,6 +158,34 @@ def test_client_gone_during_transfer(url: str, loops: tuple[EngineLoop, EngineLo
     assert_no_slots_held(loops, TIMEOUT_S + 10)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_echoed_prompt_logprobs_come_with_the_first_token(
+    url: str, loops: tuple[EngineLoop, EngineLoop], stream: bool
+) -> None:
+    """The prefill engine scores the prompt; its logprobs travel with the hand-off's first
+    token, and the decode engine generates the rest without computing the prompt again."""
+    prompt = "Water boils at one hundred degrees Celsius at sea level, and freezes at"
+    before = loops[1].stats().engine
+    kwargs: dict[str, Any] = {"model": MODEL, "prompt": prompt, "echo": True, "logprobs": 2, "temperature": 0}
+    kwargs["extra_body"] = {"ignore_eos": True}
+    if stream:
+        pieces = [c.choices[0] for c in client(url).completions.create(max_tokens=5, stream=True, **kwargs)]
+        text = "".join(p.text for p in pieces)
+        values = [v for p in pieces if p.logprobs is not None for v in p.logprobs.token_logprobs or []]
+    else:
+        choice = client(url).completions.create(max_tokens=5, **kwargs).choices[0]
+        text, values = choice.text, list(choice.logprobs.token_logprobs or [])  # type: ignore[union-attr]
+    scoring = client(url).completions.create(max_tokens=0, **kwargs).choices[0]  # ends on the prefill engine
+    scored = list(scoring.logprobs.token_logprobs or [])  # type: ignore[union-attr]
+    assert scoring.text == prompt and text.startswith(prompt) and len(text) > len(prompt)
+    assert len(values) == len(scored) + 5 and values[0] is None and scored[0] is None
+    assert all(abs(a - b) < 1e-4 for a, b in zip(values[1 : len(scored)], scored[1:], strict=True))
+    after = loops[1].stats().engine
+    assert after.generation_tokens_total >= before.generation_tokens_total + 4
+    assert after.prompt_tokens_total == before.prompt_tokens_total
+    assert_no_slots_held(loops)
+
+
 def test_outputs_match_the_offline_engine(url: str, loops: tuple[EngineLoop, EngineLoop], decode_engine: Any) -> None:
     questions = ["What is the capital of France?", "Who wrote Hamlet?", "What is H2O?"]
     served = [ask(url, q, stream=True, max_tokens=16) for q in questions]
