@@ -11,6 +11,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from services.cli._admission_options import add_admission_options, admission_config_from_args
+
 ENV_PREFIX = "DSPARK_"
 # DSpark drafts for decode batches up to this size on CPU: 1.5-1.8x plain decoding at
 # batches 1-4, slower than plain at 16 on a 2-core machine (docs/benchmarks.md).
@@ -315,6 +317,7 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="decode directly when at most this many prompt tokens are uncached (0: never)",
     )
+    add_admission_options(group)
     group.add_argument("--log-level", default="info", help="debug, info, warning (default: %(default)s)")
 
 
@@ -333,10 +336,12 @@ def gateway_config_from_args(args: argparse.Namespace) -> Any:
             stats_interval_s=args.stats_interval,
             max_queued_per_worker=args.max_queued_per_worker,
             max_inflight_per_worker=args.max_inflight_per_worker,
+            shared_admission=args.shared_admission,
         ),
         router=RouterConfig(
             block_tokens=args.router_block_tokens,
             balance_slack=args.router_balance_slack,
             skip_prefill_max_tokens=args.skip_prefill_max_tokens,
         ),
+        admission=admission_config_from_args(args),
     )
