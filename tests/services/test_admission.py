@@ -4,6 +4,7 @@ the worker, no time is spent tokenising), and a body being tokenised never stall
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import threading
@@ -16,6 +17,7 @@ import httpx
 import psutil
 import pytest
 
+from services.cli.options import add_gateway_options, apply_env_defaults, gateway_config_from_args
 from services.gateway import GatewayConfig
 from services.gateway.config import AdmissionConfig
 from services.workers.engine_loop import EngineLoop
@@ -78,6 +80,37 @@ def assert_refused(response: httpx.Response, param: str, code: str) -> None:
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["code"] == code, error
+
+
+def test_the_options_reach_the_gateway_config() -> None:
+    parser = argparse.ArgumentParser()
+    add_gateway_options(parser)
+    apply_env_defaults(parser, {"DSPARK_RATE_LIMIT_TPM": "5000"})
+    args = parser.parse_args(
+        [
+            "--max-choices-per-request",
+            "64",
+            "--max-tokens-per-request",
+            "4096",
+            "--tokenizer-threads",
+            "3",
+            "--rate-limit-rpm",
+            "60",
+            "--shared-admission",
+            "--body-timeout",
+            "10",
+            "--header-timeout",
+            "5",
+        ]
+    )
+    config = gateway_config_from_args(args)
+    assert config.admission == AdmissionConfig(64, 4096, 3, 60, 5000, 10.0)
+    assert config.pool.shared_admission and args.header_timeout == 5.0
+    defaults = gateway_config_from_args(parser.parse_args([]))
+    assert defaults.admission.max_choices_per_request == 128 and not defaults.pool.shared_admission
+    assert defaults.admission.tokens_per_request(8192) == 16 * 8192
+    with pytest.raises(ValueError, match="max_choices_per_request"):
+        AdmissionConfig(max_choices_per_request=0)
 
 
 def test_two_thousand_prompts_are_refused_before_tokenising(url: str, loop: EngineLoop, engine_core: Any) -> None:
