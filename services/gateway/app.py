@@ -122,8 +122,8 @@ class Gateway:
     async def read_json(self, request: Request) -> dict[str, Any]:
         return await self.parse_body(await self.read_body(request))
 
-    async def parse(self, parse: Callable[[dict[str, Any]], Parsed], body: dict[str, Any]) -> Parsed:
-        return await self.preparation.run(parse, body)
+    async def parse(self, validate: Callable[[dict[str, Any]], Parsed], body: dict[str, Any]) -> Parsed:
+        return await self.preparation.run(validate, body)
 
     async def plan(self, plan: Callable[[Parsed, Served], Plan], req: Parsed, served: Served) -> Plan:
         """Tokenised off the event loop; if the client leaves, tokenising stops at the next prompt."""
