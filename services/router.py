@@ -53,6 +53,7 @@ class ReplicaLoad:
     num_running: int = 0  # last reported by the engine (includes other gateways' requests)
     num_waiting: int = 0
     kv_usage: float = 0.0
+    shared_capacity: bool = False  # the capacity bounds every gateway's requests, not only ours
 
     @property
     def load(self) -> int:
@@ -60,7 +61,7 @@ class ReplicaLoad:
 
     @property
     def full(self) -> bool:
-        return self.inflight >= self.capacity
+        return (self.load if self.shared_capacity else self.inflight) >= self.capacity
 
 
 class NoReplicas(Exception):

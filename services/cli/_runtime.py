@@ -60,6 +60,8 @@ def serve_gateway(app: Any, args: argparse.Namespace, ready_line: Callable[[], s
     """Run uvicorn until interrupted; print `ready_line()` once the gateway can serve."""
     import uvicorn
 
+    from services.gateway.header_timeout import header_timeout_protocol
+
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -67,6 +69,8 @@ def serve_gateway(app: Any, args: argparse.Namespace, ready_line: Callable[[], s
         log_level=args.log_level.lower(),
         access_log=args.log_level.lower() == "debug",
         timeout_graceful_shutdown=5,
+        http=header_timeout_protocol(args.header_timeout),  # the body's own timeout is the app's
+        timeout_keep_alive=5,  # seconds an idle keep-alive connection stays open
     )
     server = uvicorn.Server(config)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from services.cli._admission_options import add_admission_options, admission_config_from_args
 from services.cli.reliability_options import add_reliability_options
 from services.cli.vllm_options import (
     AppendOnCommandLine,
@@ -322,6 +323,7 @@ def add_gateway_options(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="decode directly when at most this many prompt tokens are uncached (0: never)",
     )
+    add_admission_options(group)
     group.add_argument("--log-level", default="info", help="debug, info, warning (default: %(default)s)")
     add_reliability_options(parser)
 
@@ -343,10 +345,12 @@ def gateway_config_from_args(args: argparse.Namespace) -> Any:
             stats_interval_s=args.stats_interval,
             max_queued_per_worker=args.max_queued_per_worker,
             max_inflight_per_worker=args.max_inflight_per_worker,
+            shared_admission=args.shared_admission,
         ),
         router=RouterConfig(
             block_tokens=args.router_block_tokens,
             balance_slack=args.router_balance_slack,
             skip_prefill_max_tokens=args.skip_prefill_max_tokens,
         ),
+        admission=admission_config_from_args(args),
     )

@@ -11,45 +11,47 @@ import hmac
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 
-from services.gateway.body import read_json_object
+from services.gateway.admission import TokenBudget, check_choices
+from services.gateway.body import parse_json_object, read_body
 from services.gateway.config import GatewayConfig
 from services.gateway.dispatcher import Dispatcher
 from services.gateway.endpoints import CHAT, COMPLETION, Endpoint, Plan, Req, Served
+from services.gateway.error_handlers import install_error_handlers
 from services.gateway.errors import (
     APIError,
     AuthenticationFailed,
-    InternalError,
-    InvalidRequest,
-    MethodNotAllowed,
     ModelNotFound,
-    NotFound,
     ServiceUnavailable,
 )
+from services.gateway.openapi import install_openapi
 from services.gateway.pool import Discovery, Replica, WorkerPool
+from services.gateway.preparation import PreparationPool
 from services.gateway.preprocess import tokenizer_vocab_size
+from services.gateway.rate_limit import RateLimiter
 from services.gateway.responses import TokenText
 from services.gateway.responses_api import install_responses_routes
-from services.gateway.serving import Generation, GenerationRunner, new_response_id
+from services.gateway.serving import Generation, GenerationRunner, Started, new_response_id
+from services.gateway.streaming import until_disconnect
 from services.gateway.structured_output import GrammarCheck
 from services.gateway.telemetry import UNKNOWN_MODEL, RequestMetrics, RequestTimer, WorkerStatsExporter
 from services.gateway.tracked import Tracked
-from services.gateway.utility_routes import install_utility_routes
+from services.gateway.utility_routes import install_utility_routes, package_version
 from services.metrics import Metrics
 from services.router import Router
 from services.workers.types import StatsSnapshot
 
 logger = logging.getLogger(__name__)
+
+Parsed = TypeVar("Parsed")
 
 
 @dataclass
@@ -70,6 +72,8 @@ class Gateway:
     request_metrics: RequestMetrics
     exporter: WorkerStatsExporter
     runner: GenerationRunner
+    preparation: PreparationPool  # JSON, validation, templates and tokenising, off the event loop
+    rate_limiter: RateLimiter
     started_s: float
     grammars: GrammarCheck = field(default_factory=GrammarCheck)
     _token_text: TokenText | None = None
@@ -96,7 +100,35 @@ class Gateway:
             self.token_text(tokenizer),
             include_usage,
             self.config.tool_call_parser,
+            TokenBudget(self.config.admission.tokens_per_request(max_model_len)),
         )
+
+    def admit(self, request: Request) -> Callable[[int], None]:
+        """The bearer key (401), then its caller's rate limit (429): the key, or the client's
+        address without --api-keys. Returns what charges the request's tokens to the caller."""
+        key_index = self.check_auth(request)
+        if key_index is not None:
+            caller = f"key-{key_index}"
+        else:
+            caller = f"address-{request.client.host if request.client else 'unknown'}"
+        return self.rate_limiter.admit(caller)
+
+    async def read_body(self, request: Request) -> bytes:
+        """The raw body (413 too large, 408 too slow, 499 the client left while sending it)."""
+        return await read_body(request, self.config.max_body_bytes, self.config.admission.body_timeout_s)
+
+    async def parse_body(self, raw: bytes) -> dict[str, Any]:
+        return await self.preparation.run(parse_json_object, raw)
+
+    async def read_json(self, request: Request) -> dict[str, Any]:
+        return await self.parse_body(await self.read_body(request))
+
+    async def parse(self, validate: Callable[[dict[str, Any]], Parsed], body: dict[str, Any]) -> Parsed:
+        return await self.preparation.run(validate, body)
+
+    async def plan(self, plan: Callable[[Parsed, Served], Plan], req: Parsed, served: Served) -> Plan:
+        """Tokenised off the event loop; if the client leaves, tokenising stops at the next prompt."""
+        return await self.preparation.run(plan, req, served, on_cancel=served.budget.abandon)
 
     async def check_grammar(self, plan: Plan, tokenizer: Any) -> None:
         """A 400 naming the field when the plan's grammar does not compile."""
@@ -136,17 +168,20 @@ class Gateway:
         if requested != model and requested not in self.config.served_model_names:
             raise ModelNotFound(requested)
 
-    def check_auth(self, request: Request) -> None:
+    def check_auth(self, request: Request) -> int | None:
+        """401 unless the request carries one of the keys; the key's position (None: no keys)."""
         keys = self.config.api_keys
         if not keys:
-            return
+            return None
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
             raise AuthenticationFailed("You didn't provide an API key. Provide it as 'Authorization: Bearer KEY'.")
         token = token.strip()
-        if not any(hmac.compare_digest(token.encode(), key.encode()) for key in keys):
+        matches = [i for i, key in enumerate(keys) if hmac.compare_digest(token.encode(), key.encode())]
+        if not matches:
             raise AuthenticationFailed("Incorrect API key provided.")
+        return matches[0]
 
 
 def create_app(
@@ -183,6 +218,8 @@ def create_app(
         request_metrics,
         exporter,
         GenerationRunner(dispatcher, request_metrics),
+        PreparationPool(config.admission.tokenizer_threads),
+        RateLimiter(config.admission.rate_limit_rpm, config.admission.rate_limit_tpm),
         time.time(),
     )
     _wire_pool(gateway)
@@ -194,26 +231,50 @@ def create_app(
             yield
         finally:
             await pool.stop()
+            gateway.preparation.shutdown()
 
-    app = FastAPI(title="dspark-serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="dspark-serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
-    _install_error_handlers(app)
+    install_error_handlers(app)
+    install_openapi(app, package_version())
 
     async def generate(request: Request, endpoint: Endpoint[Req]) -> Response:
         with gateway.counting_refusals() as admission:
             timer = RequestTimer(time.perf_counter())
-            gateway.check_auth(request)
-            body = await read_json_object(request, config.max_body_bytes)
-            admission.requested_model = str(body.get("model"))
-            req = endpoint.parse(body)
-            model, max_model_len, tokenizer = gateway.model_info()
-            gateway.check_model(req.model, model)
-            include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-            response_id = new_response_id(endpoint.id_prefix)
-            plan = endpoint.plan(req, gateway.served(response_id, model, max_model_len, tokenizer, include_usage))
-            await gateway.check_grammar(plan, tokenizer)
-            gen = Generation(response_id, model, plan.jobs, plan.num_prompts, bool(req.stream), plan.formatter, timer)
-            return await gateway.runner.run(gen, request)
+            charge_tokens = gateway.admit(request)
+            raw = await gateway.read_body(request)
+            started = await until_disconnect(request.receive, start(raw, endpoint, admission, timer, charge_tokens))
+            return await gateway.runner.respond(started, request)
+
+    async def start(
+        raw: bytes, endpoint: Endpoint[Req], admission: Admission, timer: RequestTimer, charge: Callable[[int], None]
+    ) -> Started:
+        """From the body to choices running on workers (docs/design.md §6.8 says in which order
+        the limits are checked); cancelled, it leaves nothing behind on the workers."""
+        body = await gateway.parse_body(raw)
+        admission.requested_model = str(body.get("model"))
+        num_prompts = endpoint.count_prompts(body)
+        check_choices(num_prompts, 1, config.admission.max_choices_per_request)  # before validating them all
+        req = await gateway.parse(endpoint.parse, body)
+        check_choices(num_prompts, req.n, config.admission.max_choices_per_request)
+        model, max_model_len, tokenizer = gateway.model_info()
+        gateway.check_model(req.model, model)
+        include_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+        response_id = new_response_id(endpoint.id_prefix)
+        served = gateway.served(response_id, model, max_model_len, tokenizer, include_usage)
+        plan = await gateway.plan(endpoint.plan, req, served)
+        await gateway.check_grammar(plan, tokenizer)
+        gen = Generation(
+            response_id,
+            model,
+            plan.jobs,
+            plan.num_prompts,
+            bool(req.stream),
+            plan.formatter,
+            timer,
+            charge_tokens=charge,
+        )
+        return await gateway.runner.start(gen)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -320,37 +381,3 @@ def _wire_pool(gateway: Gateway) -> None:
     pool.on_up = on_up
     pool.on_stats = on_stats
     pool.on_removed = on_removed
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        if exc.status >= 500:
-            logger.warning("%s %s -> %d: %s", request.method, request.url.path, exc.status, exc.message)
-        return exc.response()
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return InvalidRequest(f"invalid request: {exc.errors()[:1]}", code="invalid_value").response()
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if exc.status_code == 404:
-            return NotFound(f"Unknown endpoint: {request.method} {request.url.path}", code="not_found").response()
-        if exc.status_code == 405:
-            error = MethodNotAllowed(
-                f"Method {request.method} is not allowed for {request.url.path}", code="method_not_allowed"
-            )
-            return error.response()
-        status = exc.status_code
-        error_type = "invalid_request_error" if status < 500 else "server_error"
-        return JSONResponse(
-            {"error": {"message": str(exc.detail), "type": error_type, "param": None, "code": None}},
-            status_code=status,
-            headers=exc.headers,
-        )
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error on %s %s", request.method, request.url.path)
-        return InternalError("The server had an error while processing your request.").response()

@@ -1,35 +1,49 @@
-"""Reading a request body as JSON, refusing what would otherwise surface as a 5xx later:
-oversized bodies (413), invalid UTF-8, invalid JSON, NaN/Infinity, excessive nesting and
-lone surrogates (400)."""
+"""Reading a request body, refusing what would otherwise surface as a 5xx later.
+
+`read_body` runs on the event loop: 413 when the body passes the size limit, 408 when it does
+not arrive within the body timeout, 499 when the client leaves while sending it.
+`parse_json_object` is CPU work on the whole body, run off the loop (preparation.py): 400 on
+invalid UTF-8, invalid JSON, NaN/Infinity, excessive nesting and lone surrogates.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
-from services.gateway.errors import InvalidRequest, RequestTooLarge
+from services.gateway.errors import ClientClosedRequest, InvalidRequest, RequestTimeout, RequestTooLarge
 
 MAX_DEPTH = 64
+
+
+async def read_body(request: Request, limit_bytes: int, timeout_s: float) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
+        raise RequestTooLarge(limit_bytes)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit_bytes:
+                    raise RequestTooLarge(limit_bytes)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(timeout_s) from None
+    except ClientDisconnect:
+        raise ClientClosedRequest(f"The client closed the connection after {size} bytes of the body.") from None
+    return b"".join(chunks)
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-async def read_json_object(request: Request, limit_bytes: int) -> dict[str, Any]:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
-        raise RequestTooLarge(limit_bytes)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit_bytes:
-            raise RequestTooLarge(limit_bytes)
-        chunks.append(chunk)
-    raw = b"".join(chunks)
+def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         raise InvalidRequest("The request body is empty; expected a JSON object.", code="invalid_json")
     try:

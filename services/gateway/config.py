@@ -5,7 +5,39 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.gateway.pool import PoolConfig
+from services.gateway.protocol import MAX_N
 from services.router import RouterConfig
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """What one request may ask of the gateway and the workers (docs/design.md §6.8)."""
+
+    max_choices_per_request: int = 128  # prompts x n
+    # sum over the choices of (prompt tokens + max_tokens); None: 16 x the model's context
+    # length, what one prompt with the largest n may already ask for
+    max_tokens_per_request: int | None = None
+    tokenizer_threads: int = 2  # threads decoding, rendering and tokenising request bodies
+    rate_limit_rpm: int = 0  # requests per minute per API key (client address without keys); 0: off
+    rate_limit_tpm: int = 0  # prompt + completion tokens per minute, likewise; 0: off
+    body_timeout_s: float = 60.0  # the whole body must arrive within this (408 after)
+
+    def __post_init__(self) -> None:
+        if self.max_choices_per_request < 1:
+            raise ValueError(f"max_choices_per_request must be >= 1, got {self.max_choices_per_request}")
+        if self.max_tokens_per_request is not None and self.max_tokens_per_request < 2:
+            raise ValueError(f"max_tokens_per_request must be >= 2, got {self.max_tokens_per_request}")
+        if self.tokenizer_threads < 1:
+            raise ValueError(f"tokenizer_threads must be >= 1, got {self.tokenizer_threads}")
+        if self.rate_limit_rpm < 0 or self.rate_limit_tpm < 0:
+            raise ValueError("rate limits must be >= 0 (0: off)")
+        if self.body_timeout_s <= 0:
+            raise ValueError(f"body_timeout_s must be > 0, got {self.body_timeout_s}")
+
+    def tokens_per_request(self, max_model_len: int) -> int:
+        if self.max_tokens_per_request is not None:
+            return self.max_tokens_per_request
+        return MAX_N * max_model_len
 
 
 @dataclass(frozen=True)
@@ -23,6 +55,7 @@ class GatewayConfig:
     shutdown_grace_s: float = 30.0  # after SIGTERM, for running requests to finish
     pool: PoolConfig = field(default_factory=PoolConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:

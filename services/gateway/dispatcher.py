@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from services.gateway.errors import APIError, InternalError, Overloaded, ServiceUnavailable, field_error
+from services.gateway.errors import InternalError, Overloaded, ServiceUnavailable, field_error
 from services.gateway.pool import Replica, WorkerPool
 from services.gateway.tracked import Sink, Tracked, new_rng_key
 from services.router import AtCapacity, NoReplicas, Router
@@ -141,16 +141,33 @@ class Dispatcher:
     async def submit_all(
         self, jobs: Sequence[tuple[str, int, list[int], SamplingParams]], sink: Sink, arrival_s: float
     ) -> list[Tracked]:
-        """Start every choice of an HTTP request, or none of them."""
+        """Start every choice of an HTTP request, or none of them: on a refusal, or when
+        cancelled (the client left), what was started is aborted."""
         started: list[Tracked] = []
         try:
             for request_id, index, prompt, params in jobs:
-                started.append(await self.submit(request_id, index, prompt, params, sink, arrival_s))
-        except APIError:
+                started.append(await self._submit_whole(request_id, index, prompt, params, sink, arrival_s))
+        except BaseException:
             for tracked in started:
                 self.abort(tracked)
             raise
         return started
+
+    async def _submit_whole(
+        self, request_id: str, index: int, prompt: list[int], params: SamplingParams, sink: Sink, arrival_s: float
+    ) -> Tracked:
+        """`submit`, never cut short by a cancellation while a worker may be accepting the
+        request: the cancellation is raised at once and the request aborted once accepted."""
+        pending = asyncio.ensure_future(self.submit(request_id, index, prompt, params, sink, arrival_s))
+        try:
+            return await asyncio.shield(pending)
+        except asyncio.CancelledError:
+            pending.add_done_callback(self._abort_accepted)
+            raise
+
+    def _abort_accepted(self, pending: asyncio.Future[Tracked]) -> None:
+        if not pending.cancelled() and pending.exception() is None:
+            self.abort(pending.result())
 
     # -- following --------------------------------------------------------------------------
 

@@ -5,10 +5,11 @@ and a response formatter."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from engine.structured import GrammarSpec
+from services.gateway.admission import TokenBudget, prompt_count
 from services.gateway.chat_tool_calls import ChoiceToolCalls
 from services.gateway.errors import InvalidRequest
 from services.gateway.preprocess import Job, chat_jobs, completion_jobs, tokenizer_vocab_size
@@ -38,6 +39,7 @@ class Served:
     token_text: TokenText
     include_usage: bool
     tool_call_parser: str | None = None  # --tool-call-parser; None: from the chat template
+    budget: TokenBudget = field(default_factory=TokenBudget.unlimited)  # the tokens it may ask for
 
 
 @dataclass(frozen=True)
@@ -49,11 +51,16 @@ class Plan:
     grammar_param: str = ""  # the field it came from, named if it cannot be compiled
 
 
+def _one_prompt(body: dict[str, Any]) -> int:
+    return 1
+
+
 @dataclass(frozen=True)
 class Endpoint(Generic[Req]):
     id_prefix: str
     parse: Callable[[dict[str, Any]], Req]
     plan: Callable[[Req, Served], Plan]
+    count_prompts: Callable[[dict[str, Any]], int] = _one_prompt  # of a raw body, before parsing
 
 
 def _tool_parser(req: ChatCompletionRequest, served: Served) -> type[ToolParser] | None:
@@ -77,7 +84,7 @@ def _tool_parser(req: ChatCompletionRequest, served: Served) -> type[ToolParser]
 def _chat_plan(req: ChatCompletionRequest, served: Served) -> Plan:
     parser = _tool_parser(req, served)
     grammar, grammar_param = chat_grammar(req, parser)
-    jobs = chat_jobs(req, served.tokenizer, served.max_model_len, grammar)
+    jobs = chat_jobs(req, served.tokenizer, served.max_model_len, grammar, served.budget)
     formatter = ChatFormatter(
         served.response_id,
         served.model,
@@ -92,7 +99,8 @@ def _chat_plan(req: ChatCompletionRequest, served: Served) -> Plan:
 def _completion_plan(req: CompletionRequest, served: Served) -> Plan:
     tokenizer = served.tokenizer
     grammar, grammar_param = guided_grammar(req)
-    jobs, prompts = completion_jobs(req, tokenizer, served.max_model_len, tokenizer_vocab_size(tokenizer), grammar)
+    vocab_size = tokenizer_vocab_size(tokenizer)
+    jobs, prompts = completion_jobs(req, tokenizer, served.max_model_len, vocab_size, grammar, served.budget)
     echo = (
         [EchoedPrompt(tuple(p), tokenizer.decode(p, skip_special_tokens=False)) for p in prompts] if req.echo else None
     )
@@ -109,4 +117,4 @@ def _completion_plan(req: CompletionRequest, served: Served) -> Plan:
 
 
 CHAT = Endpoint("chatcmpl", parse_chat, _chat_plan)
-COMPLETION = Endpoint("cmpl", parse_completion, _completion_plan)
+COMPLETION = Endpoint("cmpl", parse_completion, _completion_plan, lambda body: prompt_count(body.get("prompt")))

@@ -95,6 +95,39 @@ class RequestTooLarge(APIError):
         super().__init__(f"Request body is larger than the limit of {limit_bytes} bytes.", code="request_too_large")
 
 
+class RequestTimeout(APIError):
+    status = 408
+    type = "invalid_request_error"
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(
+            f"The request body did not arrive within {timeout_s:g} s.",
+            code="request_timeout",
+            headers={"Connection": "close"},  # the rest of the body is not read
+        )
+
+
+class ClientClosedRequest(APIError):
+    """The client closed the connection before its response was ready (nginx's 499)."""
+
+    status = 499
+    type = "invalid_request_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="client_closed_request")
+
+
+class RateLimited(APIError):
+    """A key (or client address) spent its requests or tokens per minute; `type` says which,
+    as OpenAI's own 429 does."""
+
+    status = 429
+
+    def __init__(self, kind: str, message: str, retry_after_s: int) -> None:
+        super().__init__(message, code="rate_limit_exceeded", headers={"Retry-After": str(retry_after_s)})
+        self.type = kind
+
+
 class Overloaded(APIError):
     status = 429
     type = "rate_limit_error"

@@ -36,6 +36,9 @@ class PoolConfig:
     discovery_interval_s: float = 2.0
     max_queued_per_worker: int | None = None  # None: as many as the engine batches (max_num_seqs)
     max_inflight_per_worker: int | None = None  # hard cap on a worker's requests (None: batch + queue)
+    # the caps count what every gateway has on a worker (its reported running + waiting, at most
+    # stats_interval_s old), not only this gateway's requests (docs/design.md §6.8)
+    shared_admission: bool = False
 
 
 class Discovery(abc.ABC):
@@ -96,7 +99,7 @@ class Replica:
     def draining(self) -> bool:
         return self.stats is not None and self.stats.draining
 
-    def load(self, max_queued: int | None, max_inflight: int | None = None) -> ReplicaLoad:
+    def load(self, max_queued: int | None, max_inflight: int | None = None, shared: bool = False) -> ReplicaLoad:
         batch = self.info.max_num_seqs if self.info else 1
         capacity = batch + (batch if max_queued is None else max_queued)
         if max_inflight is not None:
@@ -111,6 +114,7 @@ class Replica:
             num_running=getattr(engine, "num_running", 0),
             num_waiting=getattr(engine, "num_waiting", 0),
             kv_usage=float(getattr(engine, "kv_usage_ratio", 0.0)),
+            shared_capacity=shared,
         )
 
 
@@ -149,10 +153,13 @@ class WorkerPool:
     # -- queries ----------------------------------------------------------------------------
 
     def loads(self) -> dict[str, list[ReplicaLoad]]:
+        cfg = self.config
         by_pool: dict[str, list[ReplicaLoad]] = {"colocated": [], "prefill": [], "decode": []}
         for replica in self.replicas.values():
             pool = "colocated" if replica.role == "worker" else replica.role
-            by_pool[pool].append(replica.load(self.config.max_queued_per_worker, self.config.max_inflight_per_worker))
+            by_pool[pool].append(
+                replica.load(cfg.max_queued_per_worker, cfg.max_inflight_per_worker, cfg.shared_admission)
+            )
         return by_pool
 
     def healthy(self, role: Role | None = None) -> list[Replica]:

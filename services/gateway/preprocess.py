@@ -1,13 +1,16 @@
 """From a validated request body to engine jobs: prompt token ids and SamplingParams per
-choice, with the context-length check (OpenAI's 400 context_length_exceeded)."""
+choice, with the context-length check (OpenAI's 400 context_length_exceeded) and the
+request's token budget (admission.py). Runs in a preparation thread (preparation.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from engine.sampling_params import SamplingParams
 from engine.structured import GrammarSpec
+from services.gateway.admission import TokenBudget, prompt_count
 from services.gateway.errors import ContextLengthExceeded, InvalidRequest, field_error
 from services.gateway.protocol import ChatCompletionRequest, CompletionRequest, _SamplingFields
 from services.gateway.tool_choice import template_message, template_tools
@@ -121,12 +124,19 @@ def chat_prompt(
 
 
 def chat_jobs(
-    req: ChatCompletionRequest, tokenizer: Any, max_model_len: int, grammar: GrammarSpec | None = None
+    req: ChatCompletionRequest,
+    tokenizer: Any,
+    max_model_len: int,
+    grammar: GrammarSpec | None = None,
+    budget: TokenBudget | None = None,
 ) -> list[Job]:
-    prompt = chat_prompt(req, tokenizer)
+    budget = budget or TokenBudget.unlimited()
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    budget.check_completions(req.n, requested, max_model_len, param)
+    prompt = chat_prompt(req, tokenizer)
     max_tokens = resolve_max_tokens(requested, len(prompt), max_model_len, param)
+    budget.take(len(prompt), max_tokens, req.n, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return [
         Job(
@@ -147,18 +157,19 @@ def chat_jobs(
     ]
 
 
-def completion_prompts(req: CompletionRequest, tokenizer: Any, vocab_size: int | None) -> list[list[int]]:
+def completion_prompts(req: CompletionRequest, tokenizer: Any, vocab_size: int | None) -> Iterator[list[int]]:
+    """The prompts' token ids, tokenised one at a time as the caller asks for the next."""
     raw: Any = req.prompt  # str | list[str] | list[int] | list[list[int]], validated by the model
     if isinstance(raw, str):
-        prompts = [list(tokenizer.encode(raw, add_special_tokens=False))]
-    elif raw and isinstance(raw[0], str):
-        prompts = [list(tokenizer.encode(text, add_special_tokens=False)) for text in raw]
+        texts_or_ids: list[Any] = [raw]
     elif raw and isinstance(raw[0], int):
-        prompts = [list(raw)]
+        texts_or_ids = [raw]
     else:
-        prompts = [list(p) for p in raw]
-    for i, ids in enumerate(prompts):
-        where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+        texts_or_ids = list(raw)
+    single = len(texts_or_ids) == 1
+    for i, item in enumerate(texts_or_ids):
+        ids = list(tokenizer.encode(item, add_special_tokens=False)) if isinstance(item, str) else list(item)
+        where = "prompt" if single else f"prompt[{i}]"
         if not ids:
             raise InvalidRequest(f"{where}: must not be empty", param="prompt", code="invalid_value")
         bad = [t for t in ids if t < 0 or (vocab_size is not None and t >= vocab_size)]
@@ -168,7 +179,7 @@ def completion_prompts(req: CompletionRequest, tokenizer: Any, vocab_size: int |
                 param="prompt",
                 code="invalid_value",
             )
-    return prompts
+        yield ids
 
 
 def echo_prompt_logprobs(req: CompletionRequest) -> int | None:
@@ -187,14 +198,21 @@ def completion_jobs(
     max_model_len: int,
     vocab_size: int | None,
     grammar: GrammarSpec | None = None,
+    budget: TokenBudget | None = None,
 ) -> tuple[list[Job], list[list[int]]]:
-    prompts = completion_prompts(req, tokenizer, vocab_size)
+    """Each prompt is checked (context length, the request's token budget) as soon as it is
+    tokenised, so a refused request stops tokenising at its first prompt past a limit."""
+    budget = budget or TokenBudget.unlimited()
+    budget.check_completions(prompt_count(req.prompt) * req.n, req.max_tokens, max_model_len, "max_tokens")
     prompt_logprobs = echo_prompt_logprobs(req)
     jobs: list[Job] = []
-    for p, prompt in enumerate(prompts):
+    prompts: list[list[int]] = []
+    for p, prompt in enumerate(completion_prompts(req, tokenizer, vocab_size)):
         max_tokens = resolve_max_tokens(
             req.max_tokens, len(prompt), max_model_len, "max_tokens", zero_with_echo=bool(req.echo)
         )
+        budget.take(len(prompt), max_tokens, req.n, "prompt")
+        prompts.append(prompt)
         for i in range(req.n):
             jobs.append(
                 Job(

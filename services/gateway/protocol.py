@@ -137,12 +137,15 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: (
+    # tried in this order, the first match wins: a long list of ids is validated once, not
+    # also against list[str] with an error per element
+    prompt: Annotated[
         str
-        | Annotated[list[str], Field(min_length=1)]
         | Annotated[list[int], Field(min_length=1)]
         | Annotated[list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1)]
-    )
+        | Annotated[list[str], Field(min_length=1)],
+        Field(union_mode="left_to_right"),
+    ]
     max_tokens: int | None = 16
     logprobs: int | None = None
     echo: bool | None = False

@@ -1,7 +1,10 @@
 """Running one HTTP generation request: submit its choices, then stream (SSE) or collect.
 
-A client that disconnects cancels the stream (or the collection); the `finally` aborts
-every choice on its worker, which drops it before its next step.
+`start` submits every choice (or none); `respond` streams or collects the outputs. A client
+that disconnects cancels the stream (or the collection); the choices are then aborted on
+their workers, which drop them before their next step. A stream whose body never started
+(the client left between submission and the first byte) is ended by the response's
+background task instead, so no choice outlives its client.
 """
 
 from __future__ import annotations
@@ -10,10 +13,11 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from fastapi.responses import JSONResponse, Response
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 
 from services.gateway.dispatcher import Dispatcher
@@ -28,6 +32,10 @@ from services.gateway.wire_format import WireFormat
 logger = logging.getLogger(__name__)
 
 
+def _no_charge(num_tokens: int) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Generation:
     response_id: str
@@ -38,6 +46,18 @@ class Generation:
     formatter: Formatter
     timer: RequestTimer
     wire: WireFormat = field(default_factory=WireFormat)  # the API shape the bodies are sent in
+    # the caller's token allowance (rate_limit.py): charged the prompt tokens of every choice
+    # once they all run, and the completion tokens when the request ends
+    charge_tokens: Callable[[int], None] = _no_charge
+
+
+@dataclass(frozen=True)
+class Started:
+    """A generation whose choices all run on workers."""
+
+    gen: Generation
+    tracked: list[Tracked]
+    sink: Sink
 
 
 def new_response_id(prefix: str) -> str:
@@ -53,22 +73,24 @@ class GenerationRunner:
         self.dispatcher = dispatcher
         self.metrics = metrics
 
-    async def run(self, gen: Generation, http_request: Request) -> Response:
+    async def start(self, gen: Generation) -> Started:
         sink: Sink = asyncio.Queue()
         submissions = [
             (f"{gen.response_id}-{job.index}", job.index, job.prompt_token_ids, job.params) for job in gen.jobs
         ]
-        # a refusal here (400/429/503) propagates; the app counts it with its status
+        # a refusal here (400/429/503) propagates, and so does a cancellation (the client left):
+        # either way no choice is left on a worker; the app counts the refusal with its status
         tracked = await self.dispatcher.submit_all(submissions, sink, gen.timer.arrival_s)
+        gen.charge_tokens(sum(len(job.prompt_token_ids) for job in gen.jobs))
+        return Started(gen, tracked, sink)
+
+    async def respond(self, started: Started, http_request: Request) -> Response:
+        gen = started.gen
         inflight = self.metrics.inflight(gen.model)
         headers = {"X-Request-Id": gen.response_id}
         if gen.stream:
-            return DisconnectAwareStreamingResponse(
-                self._stream(gen, tracked, sink, inflight),
-                media_type="text/event-stream",
-                headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
-        return await self._collect(gen, tracked, sink, http_request, headers, inflight)
+            return self._stream_response(started, inflight, headers)
+        return await self._collect(started, http_request, headers, inflight)
 
     # -- shared -----------------------------------------------------------------------------
 
@@ -92,6 +114,7 @@ class GenerationRunner:
         inflight.ended()
         try:
             usage = self._usage(gen, tracked, states)
+            gen.charge_tokens(usage.completion_tokens)
             self.metrics.finished(
                 gen.model,
                 gen.timer,
@@ -106,14 +129,38 @@ class GenerationRunner:
 
     # -- streaming --------------------------------------------------------------------------
 
-    async def _stream(
-        self, gen: Generation, tracked: list[Tracked], sink: Sink, inflight: InflightRequest
-    ) -> AsyncIterator[bytes]:
-        fmt, wire = gen.formatter, gen.wire
+    def _stream_response(self, started: Started, inflight: InflightRequest, headers: dict[str, str]) -> Response:
+        gen, tracked = started.gen, started.tracked
         states = [ChoiceState() for _ in gen.jobs]
+        ended = False
+
+        def end(status: int) -> None:
+            nonlocal ended
+            if ended:
+                return
+            ended = True
+            if status != 200:
+                for t in tracked:
+                    self.dispatcher.abort(t)
+            self._finish_metrics(gen, tracked, states, status, inflight)
+
+        async def end_if_never_started() -> None:
+            end(CLIENT_CLOSED)
+
+        return DisconnectAwareStreamingResponse(
+            self._stream(started, states, inflight, end),
+            media_type="text/event-stream",
+            headers={**headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            background=BackgroundTask(end_if_never_started),
+        )
+
+    async def _stream(
+        self, started: Started, states: list[ChoiceState], inflight: InflightRequest, end: Callable[[int], None]
+    ) -> AsyncIterator[bytes]:
+        gen, sink = started.gen, started.sink
+        fmt, wire = gen.formatter, gen.wire
         remaining = len(gen.jobs)
         status = CLIENT_CLOSED  # unless the stream completes or fails
-        completed = False
         try:
             yield wire.opening()
             for index in range(len(gen.jobs)):
@@ -140,29 +187,20 @@ class GenerationRunner:
                     if gen.timer.first_content_s is None or state.unsent_tokens:
                         gen.timer.content_sent(state.unsent_tokens)
                         state.unsent_tokens = 0
-            usage = self._usage(gen, tracked, states)
+            usage = self._usage(gen, started.tracked, states)
             if fmt.include_usage:
                 yield wire.chunk(fmt.usage_chunk(usage))
             yield wire.closing(usage)
-            completed = True
             status = 200
         finally:
-            if not completed:
-                for t in tracked:
-                    self.dispatcher.abort(t)
-            self._finish_metrics(gen, tracked, states, status, inflight)
+            end(status)
 
     # -- whole responses --------------------------------------------------------------------
 
     async def _collect(
-        self,
-        gen: Generation,
-        tracked: list[Tracked],
-        sink: Sink,
-        http_request: Request,
-        headers: dict[str, str],
-        inflight: InflightRequest,
+        self, started: Started, http_request: Request, headers: dict[str, str], inflight: InflightRequest
     ) -> Response:
+        gen, tracked, sink = started.gen, started.tracked, started.sink
         states = [ChoiceState() for _ in gen.jobs]
 
         async def collect() -> None:

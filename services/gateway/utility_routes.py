@@ -3,14 +3,14 @@ answers them.
 
 The tokenizer routes take the generation routes' checks in the same order (key, body size
 and JSON, fields, 503 until a worker is ready, model) and count their refusals the same way.
-They tokenise in a worker thread: a body near the size limit takes seconds to encode, and
-the event loop keeps serving open streams meanwhile. A conversation is rendered by the chat
+They decode and tokenise in the gateway's preparation threads (preparation.py): a body near
+the size limit takes seconds to encode, and the event loop keeps serving open streams
+meanwhile. A conversation is rendered by the chat
 endpoint's own function, so its tokens are the ones a chat completion is served with.
 """
 
 from __future__ import annotations
 
-import asyncio
 import importlib.metadata
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +20,6 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.requests import Request
 
-from services.gateway.body import read_json_object
 from services.gateway.errors import InvalidRequest
 from services.gateway.preprocess import chat_prompt, tokenizer_vocab_size
 from services.gateway.protocol import ChatCompletionRequest
@@ -49,11 +48,11 @@ def install_utility_routes(app: FastAPI, gateway: Gateway) -> None:
     ) -> tuple[Body, int, Any]:
         """(parsed body, max_model_len, tokenizer) of the model the body names, or of the
         served model when it names none."""
-        gateway.check_auth(request)
-        body = await read_json_object(request, gateway.config.max_body_bytes)
+        gateway.admit(request)
+        body = await gateway.read_json(request)
         requested = body.get("model")
         admission.requested_model = requested if isinstance(requested, str) else None
-        req = parse(body)
+        req = await gateway.parse(parse, body)
         model, max_model_len, tokenizer = gateway.model_info()
         if req.model is None:
             admission.requested_model = model
@@ -65,20 +64,20 @@ def install_utility_routes(app: FastAPI, gateway: Gateway) -> None:
     async def tokenize(request: Request) -> JSONResponse:
         with gateway.counting_refusals() as admission:
             req, max_model_len, tokenizer = await admit(request, admission, parse_tokenize)
-            return await asyncio.to_thread(tokenize_response, req, tokenizer, max_model_len)
+            return await gateway.preparation.run(tokenize_response, req, tokenizer, max_model_len)
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> JSONResponse:
         with gateway.counting_refusals() as admission:
             req, _, tokenizer = await admit(request, admission, parse_detokenize)
-            return await asyncio.to_thread(detokenize_response, req, tokenizer)
+            return await gateway.preparation.run(detokenize_response, req, tokenizer)
 
     @app.get("/version")
     async def show_version() -> JSONResponse:
         return JSONResponse({"version": version})
 
 
-# The responses are built in the worker thread too: a JSONResponse serialises its body when
+# The responses are built in the preparation thread too: a JSONResponse serialises its body when
 # constructed, and the ids of a body near the size limit take a second to write out.
 
 

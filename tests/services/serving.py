@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import uvicorn
 
@@ -18,10 +19,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve(app: object, timeout_s: float = 60.0) -> Iterator[str]:
-    """Serve `app` on 127.0.0.1:<free port>; yields the base URL."""
+def serve(app: object, timeout_s: float = 60.0, **options: Any) -> Iterator[str]:
+    """Serve `app` on 127.0.0.1:<free port> (`options`: more uvicorn.Config arguments); yields the base URL."""
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")  # type: ignore[arg-type]
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", **options)  # type: ignore[arg-type]
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
