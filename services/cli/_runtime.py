@@ -57,10 +57,12 @@ def wait_for_workers(handles: dict[str, Any], timeout_s: float, label: str) -> N
 
 
 def serve_gateway(app: Any, args: argparse.Namespace, ready_line: Callable[[], str | None]) -> int:
-    """Run uvicorn until interrupted; print `ready_line()` once the gateway can serve."""
+    """Run uvicorn until stopped; print `ready_line()` once the gateway can serve. The first
+    SIGTERM or SIGINT drains the gateway (docs/design.md §6.9) before uvicorn stops."""
     import uvicorn
 
     from services.gateway.header_timeout import header_timeout_protocol
+    from services.gateway.server import DrainingServer
 
     config = uvicorn.Config(
         app,
@@ -68,11 +70,11 @@ def serve_gateway(app: Any, args: argparse.Namespace, ready_line: Callable[[], s
         port=args.port,
         log_level=args.log_level.lower(),
         access_log=args.log_level.lower() == "debug",
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=5,  # after the drain: time for the last events to be written
         http=header_timeout_protocol(args.header_timeout),  # the body's own timeout is the app's
         timeout_keep_alive=5,  # seconds an idle keep-alive connection stays open
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, app.state.gateway, args.shutdown_grace)
 
     async def announce() -> None:
         while not server.started:

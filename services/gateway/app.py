@@ -76,6 +76,7 @@ class Gateway:
     rate_limiter: RateLimiter
     started_s: float
     grammars: GrammarCheck = field(default_factory=GrammarCheck)
+    draining: bool = False  # stopping: takes no new generation (docs/design.md §6.9)
     _token_text: TokenText | None = None
 
     def model_info(self) -> tuple[str, int, Any]:
@@ -91,7 +92,10 @@ class Gateway:
         return self.config.served_model_names[0] if self.config.served_model_names else model
 
     def served(self, response_id: str, model: str, max_model_len: int, tokenizer: Any, include_usage: bool) -> Served:
-        """What a generation route plans a request with, labelled with the served model name."""
+        """What a generation route plans a request with, labelled with the served model name;
+        503 once the gateway is draining."""
+        if self.draining:
+            raise ServiceUnavailable("The server is shutting down; retry the request.")
         return Served(
             response_id,
             self.served_name(model),
@@ -249,7 +253,7 @@ def create_app(
     async def start(
         raw: bytes, endpoint: Endpoint[Req], admission: Admission, timer: RequestTimer, charge: Callable[[int], None]
     ) -> Started:
-        """From the body to choices running on workers (docs/design.md §6.8 says in which order
+        """From the body to choices running on workers (docs/design.md §6.9 says in which order
         the limits are checked); cancelled, it leaves nothing behind on the workers."""
         body = await gateway.parse_body(raw)
         admission.requested_model = str(body.get("model"))
@@ -318,11 +322,11 @@ def create_app(
             }
             for r in pool.replicas.values()
         ]
-        is_ready = pool.ready()
+        is_ready = pool.ready() and not gateway.draining
         info = pool.any_info()
         return JSONResponse(
             {
-                "status": "ready" if is_ready else "not ready",
+                "status": "draining" if gateway.draining else "ready" if is_ready else "not ready",
                 "model": info.model_name if info else None,
                 "workers": workers,
             },

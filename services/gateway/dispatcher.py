@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from services.gateway.errors import InternalError, Overloaded, ServiceUnavailable, field_error
+from services.gateway.errors import APIError, InternalError, Overloaded, ServiceUnavailable, field_error
 from services.gateway.pool import Replica, WorkerPool
 from services.gateway.tracked import Sink, Tracked, new_rng_key
 from services.router import AtCapacity, NoReplicas, Router

@@ -25,8 +25,9 @@ class WireFormat:
         return sse_event(chunk)
 
     def failure(self, error: APIError) -> bytes:
-        """What a stream that fails after it has started sends last."""
-        return sse_event(error.body())
+        """What a stream that fails after it has started sends last: the error, then `[DONE]`,
+        so that a client sees the stream end rather than a cut body."""
+        return sse_event(error.body()) + DONE
 
     def closing(self, usage: Usage) -> bytes:
         """What a stream sends after every choice has finished."""
