@@ -105,8 +105,21 @@ class _EngineWorker:
     async def ping(self) -> str:
         return self._loop.instance_id
 
-    async def drain(self) -> None:
+    async def drain(self, grace_s: float | None = None) -> None:
+        """Take no new requests. With `grace_s`, return once the held requests have finished
+        or, after `grace_s` seconds, have been handed back to their gateways to move
+        elsewhere (docs/design.md §6.9); without it, return at once (the planner waits)."""
+        import asyncio
+        import time
+
         self._loop.drain()
+        if grace_s is None:
+            return
+        deadline = time.monotonic() + grace_s
+        while self._loop.stats().num_held and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        if self._loop.stats().num_held:
+            self._loop.evict()
 
 
 @ray.remote

@@ -40,6 +40,7 @@ from services.workers.types import (
     WorkerInfo,
     error_output,
     failed,
+    moved_output,
     not_finished,
 )
 
@@ -126,6 +127,12 @@ class EngineLoop:
         self.draining = True
         self._last_stats_s = 0.0
         self._wake.set()
+
+    def evict(self) -> None:
+        """Give every held request back to its gateway, to move to another worker as a
+        continuation (docs/design.md §5.6): each gets a last output with finish_reason
+        "migrate", and the engine drops it. The end of a drain's grace."""
+        self._submit(self._do_evict)
 
     # -- thread-safe commands ---------------------------------------------------------------
 
@@ -382,9 +389,20 @@ class EngineLoop:
             event = WorkerEvent(failed(marker, f"KV transfer failed: {exc}"))
         self.outbox.put_many({consumer: [event]})
 
+    def _do_evict(self) -> None:
+        if self._owner:
+            logger.info("handing %d requests back to their gateways to move elsewhere", len(self._owner))
+        for rid in self._owner:
+            self.engine.abort_request(rid)
+        self._end_held(moved_output)
+
     def _fail_all(self, message: str) -> None:
+        self._end_held(lambda rid: error_output(rid, message))
+
+    def _end_held(self, last_output: Callable[[str], RequestOutput]) -> None:
+        """Publish `last_output(request_id)` for every held request and forget them here."""
         by_consumer: dict[str, list[WorkerEvent]] = defaultdict(list)
         for rid, consumer in self._owner.items():
-            by_consumer[consumer].append(WorkerEvent(error_output(rid, message)))
+            by_consumer[consumer].append(WorkerEvent(last_output(rid)))
         self._owner.clear()
         self.outbox.put_many(by_consumer)

@@ -97,6 +97,19 @@ def error_output(request_id: str, message: str) -> RequestOutput:
     )
 
 
+def moved_output(request_id: str) -> RequestOutput:
+    """The last output of a request its worker gives back to be moved (a drain's end): the
+    gateway continues it elsewhere after the tokens it has (docs/design.md §5.6)."""
+    return RequestOutput(
+        request_id=request_id,
+        new_token_ids=(),
+        new_text="",
+        token_ids=(),
+        finished=True,
+        finish_reason="migrate",
+    )
+
+
 def failed(out: RequestOutput, message: str) -> RequestOutput:
     """`out` turned into its request's last output, failed with `message`."""
     return dataclasses.replace(out, finished=True, finish_reason="error", error=message)

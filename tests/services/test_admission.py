@@ -17,7 +17,8 @@ import httpx
 import psutil
 import pytest
 
-from services.cli.options import add_gateway_options, apply_env_defaults, gateway_config_from_args
+from services.cli.env import apply_env_defaults
+from services.cli.options import add_gateway_options, gateway_config_from_args
 from services.gateway import GatewayConfig
 from services.gateway.config import AdmissionConfig
 from services.workers.engine_loop import EngineLoop

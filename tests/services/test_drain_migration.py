@@ -1,0 +1,112 @@
+"""A worker drained under load hands its requests back at the end of its grace, and the gateway
+moves them to the other worker (docs/design.md §5.6, §6.9): every stream completes with the
+text of an undisturbed run, and the drained worker is left empty."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from engine.core import EngineCore
+from services.gateway import GatewayConfig, create_app
+from services.gateway.pool import PoolConfig, StaticDiscovery
+from services.workers.client import LocalWorkerClient
+from services.workers.engine_loop import EngineLoop
+from services.workers.transfer import InProcessTransfer
+from tests.services.conftest import MODEL, chat_token_ids, greedy_reference, test_engine_config
+from tests.services.serving import serve, wait_ready
+
+STORIES = [f"Tell a long story number {i}." for i in range(6)]
+STORY_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def second_engine() -> EngineCore:
+    return EngineCore(test_engine_config())
+
+
+@pytest.fixture(scope="module")
+def stories(second_engine: EngineCore) -> list[str]:
+    prompts = [chat_token_ids(second_engine, q) for q in STORIES]
+    return greedy_reference(second_engine, prompts, STORY_TOKENS, ignore_eos=True)
+
+
+@pytest.fixture
+def two_workers(loop: EngineLoop, second_engine: EngineCore, stories: list[str]) -> Iterator[tuple[str, EngineLoop]]:
+    other = EngineLoop(
+        second_engine,
+        role="worker",
+        replica_id="local-1",
+        transfer=InProcessTransfer(),
+        max_num_seqs=second_engine.config.max_num_seqs,
+        speculative=False,
+    ).start()
+    clients = [LocalWorkerClient("local-0", loop), LocalWorkerClient("local-1", other)]
+    config = GatewayConfig(pool=PoolConfig(stats_interval_s=0.1))
+    try:
+        with serve(create_app(StaticDiscovery(clients), config)) as url:
+            wait_ready(url, 60)
+            yield url, other
+    finally:
+        other.shutdown()
+
+
+def stream(url: str, question: str, progress: list[int], i: int) -> str:
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": STORY_TOKENS,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    text = ""
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=300) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            payload = json.loads(line.removeprefix("data: "))
+            assert "error" not in payload, payload
+            for choice in payload["choices"]:
+                text += choice["delta"].get("content") or ""
+                progress[i] = len(text)
+    return text
+
+
+def test_a_drained_worker_hands_its_streams_to_the_other(
+    two_workers: tuple[str, EngineLoop], loop: EngineLoop, stories: list[str]
+) -> None:
+    url, other = two_workers
+    progress = [0] * len(STORIES)
+    with concurrent.futures.ThreadPoolExecutor(len(STORIES)) as pool:
+        futures = [pool.submit(stream, url, q, progress, i) for i, q in enumerate(STORIES)]
+        deadline = time.monotonic() + 120
+        while min(progress) < 8:
+            assert time.monotonic() < deadline, progress
+            time.sleep(0.02)
+        held_here = len(loop.engine.requests)
+        assert held_here > 0, "the router gave the first worker nothing to drain"
+        loop.drain()
+        threading.Event().wait(0.2)  # a short grace, over before the streams can finish
+        loop.evict()
+        texts = [f.result(timeout=300) for f in futures]
+    assert texts == stories
+    metrics = httpx.get(f"{url}/metrics", timeout=10).text
+    drained = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("dspark_request_migrations_total{") and 'reason="drain"' in line
+    )
+    assert drained >= 1
+    deadline = time.monotonic() + 30
+    while loop.engine.requests or other.engine.requests:
+        assert time.monotonic() < deadline, "requests left on a worker"
+        time.sleep(0.05)
