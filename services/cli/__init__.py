@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from services.cli.env import ENV_PREFIX, apply_env_defaults
 
-_OPTION_MODULES = {"env", "options", "vllm_options"}  # modules of this package that are no subcommand
+# modules of this package that are no subcommand
+_OPTION_MODULES = {"env", "options", "reliability_options", "vllm_options"}
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from engine.handoff import Continuation, KVHandoff
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from services.workers.outbox import Outbox
+from services.workers.pending import pending_handoffs
 from services.workers.transfer import KVTransfer, TransferError, TransferTicket
 from services.workers.types import (
     Ack,
@@ -45,7 +46,7 @@ from services.workers.types import (
 )
 
 if TYPE_CHECKING:
-    from engine.core import EngineCore, EngineStats
+    from engine.core import EngineCore
 
 logger = logging.getLogger(__name__)
 
@@ -249,21 +250,11 @@ class EngineLoop:
             stats = self.engine.stats()
             with self._receive_lock:
                 receiving = len(self._receiving)
-            pending = self._pending_handoffs(stats, receiving)
+            pending = pending_handoffs(self.role, stats, len(self.engine.requests), receiving)
             if pending:
                 stats = dataclasses.replace(stats, num_waiting=stats.num_waiting + pending)
             held = len(self.engine.requests) + receiving
             self._stats = StatsSnapshot(self.instance_id, stats, self.outbox.num_consumers(), True, self.draining, held)
-
-    def _pending_handoffs(self, stats: EngineStats, receiving: int) -> int:
-        """Hand-offs accepted by this worker that wait for a decode slot, counted as waiting:
-        KV still being fetched (receive_kv), and installed requests the engine holds in neither
-        scheduler queue yet (its hand-off queue). On a prefill worker the held requests are
-        finished prefills waiting for a decode worker to take them: not waiting here."""
-        if self.role == "prefill":
-            return receiving
-        queued = len(self.engine.requests) - stats.num_running - stats.num_waiting
-        return receiving + max(0, queued)
 
     def _do_add(
         self,

@@ -391,7 +391,9 @@ def test_graceful_drain(default_docs: list[dict[str, Any]]) -> None:
     assert gateway["containers"][0]["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
     raycluster = ds.one(default_docs, "RayCluster")
     for where, container in all_containers([raycluster]):
-        assert container["lifecycle"]["preStop"]["exec"]["command"] == ["/opt/dspark/ray-node.sh", "stop"], where
+        # the head leaves the cluster; a worker first drains its engines (docs/design.md §6.9)
+        verb = "stop" if "head" in where else "drain"
+        assert container["lifecycle"]["preStop"]["exec"]["command"] == ["/opt/dspark/ray-node.sh", verb], where
     for role in ("prefill", "decode"):
         assert ds.worker_group(default_docs, role)["template"]["spec"]["terminationGracePeriodSeconds"] == 120
 

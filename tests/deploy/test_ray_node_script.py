@@ -41,6 +41,7 @@ if [[ $1 == worker ]]; then
   sleep "${FAKE_LOAD_S:-0.2}"
   exit "${FAKE_WORKER_EXIT:-0}"
 fi
+[[ $1 == drain ]] && exit "${FAKE_DRAIN_EXIT:-0}"
 [[ -n ${FAKE_GATEWAY_EXIT:-} ]] && { sleep 0.3; exit "$FAKE_GATEWAY_EXIT"; }
 while true; do sleep 0.1; done
 """
@@ -234,6 +235,16 @@ def test_head_execs_the_generated_command(node_env: dict[str, str], tmp_path: Pa
 
 def test_stop_leaves_the_cluster(node_env: dict[str, str], tmp_path: Path) -> None:
     assert run(node_env, "stop").returncode == 0
+    assert (tmp_path / "ray-stop.calls").read_text().split() == ["stop", "--grace-period", "30"]
+
+
+@pytest.mark.parametrize("drain_exit", ["0", "1"])
+def test_drain_drains_the_engines_then_leaves_the_cluster(
+    node_env: dict[str, str], tmp_path: Path, drain_exit: str
+) -> None:
+    proc = run({**node_env, "FAKE_DRAIN_EXIT": drain_exit}, "drain")
+    assert proc.returncode == 0
+    assert (tmp_path / "drain.args").read_text().split() == ["drain"]
     assert (tmp_path / "ray-stop.calls").read_text().split() == ["stop", "--grace-period", "30"]
 
 

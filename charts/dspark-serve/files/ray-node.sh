@@ -12,7 +12,10 @@
 #   ray-node.sh check head|worker|gateway   liveness: the local raylet (on the head also the
 #                                GCS) answers
 #   ray-node.sh ready            readiness of a worker: its engines have loaded the model
-#   ray-node.sh stop             preStop: leave the Ray cluster (`ray stop`)
+#   ray-node.sh stop             preStop of the head: leave the Ray cluster (`ray stop`)
+#   ray-node.sh drain            preStop of a worker: drain this node's engines (`dspark-serve
+#                                drain`: no new requests, DSPARK_SHUTDOWN_GRACE seconds to finish,
+#                                the rest moved to other workers), then leave the Ray cluster
 #
 # The dspark-serve commands read their settings from DSPARK_* variables set by the chart.
 set -uo pipefail
@@ -166,8 +169,12 @@ case "${1:-}" in
     check worker
     ;;
   stop) leave_cluster ;;
+  drain)
+    dspark-serve drain || log "dspark-serve drain failed (status $?); leaving the cluster anyway"
+    leave_cluster
+    ;;
   *)
-    echo "usage: $0 head | worker [ARGS] | gateway [ARGS] | check head|worker|gateway | ready | stop" >&2
+    echo "usage: $0 head | worker [ARGS] | gateway [ARGS] | check head|worker|gateway | ready | stop | drain" >&2
     exit 2
     ;;
 esac
