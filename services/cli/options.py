@@ -341,6 +341,9 @@ def gateway_config_from_args(args: argparse.Namespace) -> Any:
         kv_transfer_timeout_s=args.kv_transfer_timeout,
         migration_limit=args.migration_limit,
         shutdown_grace_s=args.shutdown_grace,
+        request_timeout_s=args.request_timeout or None,
+        queue_timeout_s=args.queue_timeout or None,
+        keepalive_s=args.keepalive_interval,
         pool=PoolConfig(
             stats_interval_s=args.stats_interval,
             max_queued_per_worker=args.max_queued_per_worker,

@@ -1,5 +1,5 @@
 """Options for what happens to requests when workers die or the service stops
-(docs/design.md §5.6)."""
+(docs/design.md §5.6, §6.9, §6.10)."""
 
 from __future__ import annotations
 
@@ -20,4 +20,23 @@ def add_reliability_options(parser: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds that running requests get to finish after SIGTERM before they move to another "
         "worker or end with an error event (default: %(default)s)",
+    )
+    group.add_argument(
+        "--request-timeout",
+        type=float,
+        default=0.0,
+        help="seconds a request may take from arrival to its last byte; past it, a 504 (or an error "
+        "event) and its work is dropped; 0: no limit (default: %(default)s)",
+    )
+    group.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=0.0,
+        help="seconds a request may wait for its first token; 0: no limit (default: %(default)s)",
+    )
+    group.add_argument(
+        "--keepalive-interval",
+        type=float,
+        default=15.0,
+        help="seconds of silence after which a stream sends an SSE comment (default: %(default)s)",
     )

@@ -52,7 +52,10 @@ class GatewayConfig:
     kv_transfer_timeout_s: float = 30.0
     retry_after_s: int = 1
     migration_limit: int = 3  # moves of a request off dead or draining workers (docs/design.md §5.6)
-    shutdown_grace_s: float = 30.0  # after SIGTERM, for running requests to finish
+    shutdown_grace_s: float = 30.0  # after SIGTERM, for running requests to finish (§6.9)
+    request_timeout_s: float | None = None  # arrival to last byte (§6.10); None: no limit
+    queue_timeout_s: float | None = None  # arrival to first token; None: no limit
+    keepalive_s: float = 15.0  # a silent stream sends an SSE comment this often
     pool: PoolConfig = field(default_factory=PoolConfig)
     router: RouterConfig = field(default_factory=RouterConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
@@ -64,6 +67,12 @@ class GatewayConfig:
             raise ValueError(f"kv_transfer_timeout_s must be > 0, got {self.kv_transfer_timeout_s}")
         if self.migration_limit < 0:
             raise ValueError(f"migration_limit must be >= 0, got {self.migration_limit}")
+        for name in ("request_timeout_s", "queue_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0 (or None for no limit), got {value}")
+        if self.keepalive_s <= 0:
+            raise ValueError(f"keepalive_s must be > 0, got {self.keepalive_s}")
         if self.shutdown_grace_s < 0:
             raise ValueError(f"shutdown_grace_s must be >= 0, got {self.shutdown_grace_s}")
         if any(not key for key in self.api_keys):

@@ -158,3 +158,13 @@ def field_error(message: str) -> InvalidRequest:
     field = field.strip()
     param = field if sep and field and " " not in field else None
     return InvalidRequest(message, param=param, code="invalid_value")
+
+
+class RequestTimedOut(APIError):
+    """A request past --request-timeout, or still without its first token at --queue-timeout."""
+
+    status = 504
+    type = "timeout"
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message, code=code)

@@ -20,10 +20,12 @@ from fastapi.responses import JSONResponse, Response
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 
+from services.gateway.deadlines import Deadlines, next_output
 from services.gateway.dispatcher import Dispatcher
 from services.gateway.errors import APIError, InternalError
 from services.gateway.preprocess import Job
 from services.gateway.responses import ChoiceState, Formatter, Usage
+from services.gateway.sse import sse_comment
 from services.gateway.streaming import DisconnectAwareStreamingResponse, wait_for_disconnect
 from services.gateway.telemetry import CLIENT_CLOSED, InflightRequest, RequestMetrics, RequestTimer
 from services.gateway.tracked import Sink, Tracked
@@ -69,9 +71,23 @@ def worker_error(message: str) -> APIError:
 
 
 class GenerationRunner:
-    def __init__(self, dispatcher: Dispatcher, metrics: RequestMetrics) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        metrics: RequestMetrics,
+        *,
+        request_timeout_s: float | None = None,
+        queue_timeout_s: float | None = None,
+        keepalive_s: float = 15.0,
+    ) -> None:
         self.dispatcher = dispatcher
         self.metrics = metrics
+        self.request_timeout_s = request_timeout_s
+        self.queue_timeout_s = queue_timeout_s
+        self.keepalive_s = keepalive_s
+
+    def _deadlines(self, gen: Generation) -> Deadlines:
+        return Deadlines(gen.timer.arrival_s, self.request_timeout_s, self.queue_timeout_s, self.keepalive_s)
 
     async def start(self, gen: Generation) -> Started:
         sink: Sink = asyncio.Queue()
@@ -167,8 +183,18 @@ class GenerationRunner:
                 opening = fmt.opening_chunk(index)
                 if opening is not None:
                     yield wire.chunk(opening)
+            deadlines = self._deadlines(gen)
             while remaining:
-                index, out = await sink.get()
+                try:
+                    item = await next_output(sink, deadlines, any(s.token_ids for s in states))
+                except APIError as exc:  # a deadline passed: end() aborts the choices
+                    status = exc.status
+                    yield wire.failure(exc)
+                    return
+                if item is None:
+                    yield sse_comment("keep-alive")
+                    continue
+                index, out = item
                 state = states[index]
                 if out.finish_reason in ("error", "abort"):
                     status = 500  # the HTTP status was 200; the request failed on a worker
@@ -205,8 +231,12 @@ class GenerationRunner:
 
         async def collect() -> None:
             remaining = len(gen.jobs)
+            deadlines = self._deadlines(gen)
             while remaining:
-                index, out = await sink.get()
+                item = await next_output(sink, deadlines, any(s.token_ids for s in states))
+                if item is None:
+                    continue
+                index, out = item
                 if out.finish_reason in ("error", "abort"):
                     raise worker_error(out.error or "aborted by the worker")
                 if out.new_token_ids:
