@@ -168,6 +168,8 @@ class EngineCore:
         for token in output_ids:
             if not grammar.accept(token):
                 raise ValueError(f"handoff: output token {token} breaks the request's grammar")
+        if not grammar.is_terminated and not grammar.has_next_token(self.model_config.vocab_size):
+            raise ValueError("grammar: no token of the model's vocabulary can continue it")
         return grammar
 
     def _rng_key(self, params: SamplingParams) -> int:

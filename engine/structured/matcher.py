@@ -31,6 +31,14 @@ class RequestGrammar:
         """Write the allowed next tokens into `bitmask[row]` (an int32 [rows, words] array)."""
         self._matcher.fill_next_token_bitmask(torch.from_numpy(bitmask), row)
 
+    def has_next_token(self, vocab_size: int) -> bool:
+        """Some token of the vocabulary may come next. False for a grammar that needs text no
+        token can spell (a character whose bytes the vocabulary lacks): sampling under its
+        empty mask would pick a token the grammar refuses."""
+        bitmask = np.zeros((1, bitmask_words(vocab_size)), dtype=np.int32)
+        self.fill(bitmask, 0)
+        return bool(bitmask.any())
+
     @property
     def is_terminated(self) -> bool:
         """A stop token was accepted: nothing may follow."""

@@ -14,6 +14,7 @@ import jsonschema
 
 from engine.structured import GrammarSpec
 from engine.structured.compiler import GrammarCompiler, GrammarError
+from engine.structured.matcher import RequestGrammar
 from services.gateway.errors import InvalidRequest
 from services.gateway.protocol import ChatCompletionRequest, _SamplingFields
 from services.gateway.tool_parsers import ToolParser
@@ -113,6 +114,10 @@ def _check_schema(schema: Any, param: str) -> None:
         ) from None
 
 
+class DeadGrammar(Exception):
+    """A grammar no token can start."""
+
+
 class GrammarCheck:
     """Compiles grammars at the gateway, off the event loop, so that one the engine cannot
     compile is a 400 naming its field. Compiled grammars are cached by spec."""
@@ -128,9 +133,17 @@ class GrammarCheck:
             raise InvalidRequest(
                 f"{param}: the grammar engine cannot use this: {exc}", param=param, code="invalid_value"
             ) from None
+        except DeadGrammar:
+            raise InvalidRequest(
+                f"{param}: no output can match it: it needs text that no token of the model's vocabulary can spell",
+                param=param,
+                code="invalid_value",
+            ) from None
 
     def _compile(self, spec: GrammarSpec, tokenizer: Any, vocab_size: int) -> None:
-        self._compiler_for(tokenizer, vocab_size).compile(spec)
+        compiled = self._compiler_for(tokenizer, vocab_size).compile(spec)
+        if not RequestGrammar(compiled).has_next_token(vocab_size):
+            raise DeadGrammar
 
     def _compiler_for(self, tokenizer: Any, vocab_size: int) -> GrammarCompiler:
         if self._compiler is None or self._tokenizer is not tokenizer:

@@ -71,6 +71,10 @@ GAUGES: dict[str, dict[str, float]] = {
 }
 
 
+MIGRATIONS = "dspark_request_migrations_total"
+MIGRATIONS_BY_REASON = {"worker_down": 1, "drain": 1}
+
+
 class SampleTraffic:
     """Records into every metric of a `Metrics` every 50 ms until stopped."""
 
@@ -83,7 +87,7 @@ class SampleTraffic:
                 self.metrics.gauge(name).labels(model=MODEL, role=role).set(value)
 
     def recorded_names(self) -> set[str]:
-        return set(HISTOGRAMS) | set(COUNTERS) | set(GAUGES) | {"dspark_requests_total"}
+        return set(HISTOGRAMS) | set(COUNTERS) | set(GAUGES) | {"dspark_requests_total", MIGRATIONS}
 
     def tick(self) -> None:
         for name, (role, value) in HISTOGRAMS.items():
@@ -93,6 +97,8 @@ class SampleTraffic:
                 self.metrics.counter(name).labels(model=MODEL, role=role).inc(amount)
         for status, count in REQUESTS_BY_STATUS.items():
             self.metrics.counter("dspark_requests_total").labels(model=MODEL, role="gateway", status=status).inc(count)
+        for reason, count in MIGRATIONS_BY_REASON.items():
+            self.metrics.counter(MIGRATIONS).labels(model=MODEL, role="gateway", reason=reason).inc(count)
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):

@@ -158,3 +158,12 @@ def test_options_that_forbid_stop_tokens_cannot_take_a_grammar():
         SamplingParams(ignore_eos=True, grammar=GRAMMARS["choice"])
     with pytest.raises(ValueError, match="^min_tokens: "):
         SamplingParams(min_tokens=2, grammar=GRAMMARS["choice"])
+
+
+def test_a_grammar_no_token_can_start_is_refused_at_admission(make_engine):
+    """Sampling under an empty mask would pick a token the grammar refuses: such a grammar
+    (a character whose bytes the vocabulary lacks) is a ValueError naming it, nothing queued."""
+    engine = make_engine()
+    with pytest.raises(ValueError, match="grammar: no token"):
+        engine.add_request("r", [1, 2, 3], _greedy(GrammarSpec("regex", "\U00040000")))
+    assert not engine.requests

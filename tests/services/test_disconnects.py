@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from engine.handoff import Continuation
 from engine.sampling_params import SamplingParams
 from services.gateway import GatewayConfig, create_app
 from services.gateway.config import AdmissionConfig
@@ -68,9 +69,12 @@ class CountingClient(LocalWorkerClient):
         params: SamplingParams,
         prefill_only: bool,
         timeout_s: float,
+        continuation: Continuation | None = None,
     ) -> Ack:
         self.added += 1
-        return await super().add_request(consumer, request_id, prompt_token_ids, params, prefill_only, timeout_s)
+        return await super().add_request(
+            consumer, request_id, prompt_token_ids, params, prefill_only, timeout_s, continuation
+        )
 
 
 @contextmanager

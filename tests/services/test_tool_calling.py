@@ -227,6 +227,7 @@ def test_logit_bias_forces_a_token(client: openai.OpenAI, engine_core: Any) -> N
         ),
         ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
         ({"guided_regex": "(unclosed"}, "guided_regex"),
+        ({"guided_regex": "\U00040000"}, "guided_regex"),  # a character no token can spell
         ({"guided_grammar": "root ::= "}, "guided_grammar"),
         ({"guided_json": "{not json"}, "guided_json"),
         ({"guided_choice": ["a"], "guided_regex": "a"}, "guided_choice"),
