@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -88,14 +89,19 @@ class Dispatcher:
             raise error
         return tracked
 
-    async def _start(self, tracked: Tracked) -> APIError | None:
+    async def _start(self, tracked: Tracked, avoid: str = "") -> APIError | None:
         """Route `tracked` (prompt + the tokens it already has) and add it to a worker as a
-        continuation; a worker found down on the way is marked so and another is tried.
-        Returns the error that stopped it, or None once a worker holds it."""
+        continuation, never to `avoid` (the replica it moves off: a draining one may still hold
+        it until its abort lands); a worker found down on the way is marked so and another is
+        tried. Returns the error that stopped it, or None once a worker holds it."""
         tokens = tracked.prompt_token_ids + tracked.output_ids
         for _ in range(self.migration_limit + 1):
+            loads = {
+                pool: [dataclasses.replace(r, healthy=False) if r.replica_id == avoid else r for r in replicas]
+                for pool, replicas in self.pool.loads().items()
+            }
             try:
-                route = self.router.route(tokens, **self.pool.loads())
+                route = self.router.route(tokens, **loads)
             except AtCapacity as exc:
                 return Overloaded(f"The server is overloaded ({exc}); retry later.", self.retry_after_s)
             except NoReplicas as exc:
@@ -315,10 +321,10 @@ class Dispatcher:
         logger.warning("request %s: moving it off %s (%s)", tracked.request_id, old or "its worker", why)
         if self.on_migration is not None:
             self.on_migration(tracked, reason)
-        self._spawn(self._restart(tracked, why))
+        self._spawn(self._restart(tracked, why, old))
 
-    async def _restart(self, tracked: Tracked, why: str) -> None:
-        error = await self._start(tracked)
+    async def _restart(self, tracked: Tracked, why: str, old: str) -> None:
+        error = await self._start(tracked, avoid=old)
         if error is not None and not tracked.done:
             self.fail(tracked, f"{why}; it could not be moved: {error.message}", abort=False)
 
