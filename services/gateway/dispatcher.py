@@ -96,10 +96,12 @@ class Dispatcher:
         tried. Returns the error that stopped it, or None once a worker holds it."""
         tokens = tracked.prompt_token_ids + tracked.output_ids
         for _ in range(self.migration_limit + 1):
-            loads = {
-                pool: [dataclasses.replace(r, healthy=False) if r.replica_id == avoid else r for r in replicas]
-                for pool, replicas in self.pool.loads().items()
-            }
+            loads = self.pool.loads()
+            if avoid:
+                loads = {
+                    pool: [dataclasses.replace(r, healthy=False) if r.replica_id == avoid else r for r in replicas]
+                    for pool, replicas in loads.items()
+                }
             try:
                 route = self.router.route(tokens, **loads)
             except AtCapacity as exc:

@@ -84,30 +84,28 @@ class StatsSnapshot:
     num_held: int = 0  # requests the worker holds in any state; 0 once a drained worker is empty
 
 
-def error_output(request_id: str, message: str) -> RequestOutput:
-    """The last output of a request that failed before or between the engine's outputs."""
+def _last_output(request_id: str, finish_reason: str, error: str | None = None) -> RequestOutput:
+    """A request's last output that carries no tokens: it ends outside the engine's steps."""
     return RequestOutput(
         request_id=request_id,
         new_token_ids=(),
         new_text="",
         token_ids=(),
         finished=True,
-        finish_reason="error",
-        error=message,
+        finish_reason=finish_reason,
+        error=error,
     )
+
+
+def error_output(request_id: str, message: str) -> RequestOutput:
+    """The last output of a request that failed before or between the engine's outputs."""
+    return _last_output(request_id, "error", message)
 
 
 def moved_output(request_id: str) -> RequestOutput:
     """The last output of a request its worker gives back to be moved (a drain's end): the
     gateway continues it elsewhere after the tokens it has (docs/design.md §5.6)."""
-    return RequestOutput(
-        request_id=request_id,
-        new_token_ids=(),
-        new_text="",
-        token_ids=(),
-        finished=True,
-        finish_reason="migrate",
-    )
+    return _last_output(request_id, "migrate")
 
 
 def failed(out: RequestOutput, message: str) -> RequestOutput:

@@ -72,21 +72,27 @@ def chat_token_ids(engine: Any, content: str) -> list[int]:
     return list(engine.tokenizer.encode(text, add_special_tokens=False))
 
 
-@pytest.fixture(scope="module")
-def loop(engine_core: Any) -> Iterator[EngineLoop]:
-    """The session engine driven by an EngineLoop thread, as a colocated worker drives it."""
+def colocated_loop(engine: Any, replica_id: str) -> EngineLoop:
+    """`engine` driven by a started EngineLoop thread, as a colocated worker drives it."""
     from services.workers.engine_loop import EngineLoop
     from services.workers.transfer import InProcessTransfer
 
-    drain(engine_core)
-    engine_loop = EngineLoop(
-        engine_core,
+    return EngineLoop(
+        engine,
         role="worker",
-        replica_id="local-0",
+        replica_id=replica_id,
         transfer=InProcessTransfer(),
-        max_num_seqs=engine_core.config.max_num_seqs,
+        max_num_seqs=engine.config.max_num_seqs,
         speculative=False,
     ).start()
+
+
+@pytest.fixture(scope="module")
+def loop(engine_core: Any) -> Iterator[EngineLoop]:
+    """The session engine driven by an EngineLoop thread, as a colocated worker drives it."""
+
+    drain(engine_core)
+    engine_loop = colocated_loop(engine_core, "local-0")
     yield engine_loop
     engine_loop.shutdown()
     drain(engine_core)

@@ -19,8 +19,7 @@ from services.gateway import GatewayConfig, create_app
 from services.gateway.pool import PoolConfig, StaticDiscovery
 from services.workers.client import LocalWorkerClient
 from services.workers.engine_loop import EngineLoop
-from services.workers.transfer import InProcessTransfer
-from tests.services.conftest import MODEL, chat_token_ids, greedy_reference, test_engine_config
+from tests.services.conftest import MODEL, chat_token_ids, colocated_loop, greedy_reference, test_engine_config
 from tests.services.serving import serve, wait_ready
 
 STORIES = [f"Tell a long story number {i}." for i in range(6)]
@@ -40,14 +39,7 @@ def stories(second_engine: EngineCore) -> list[str]:
 
 @pytest.fixture
 def two_workers(loop: EngineLoop, second_engine: EngineCore, stories: list[str]) -> Iterator[tuple[str, EngineLoop]]:
-    other = EngineLoop(
-        second_engine,
-        role="worker",
-        replica_id="local-1",
-        transfer=InProcessTransfer(),
-        max_num_seqs=second_engine.config.max_num_seqs,
-        speculative=False,
-    ).start()
+    other = colocated_loop(second_engine, "local-1")
     clients = [LocalWorkerClient("local-0", loop), LocalWorkerClient("local-1", other)]
     config = GatewayConfig(pool=PoolConfig(stats_interval_s=0.1))
     try:
