@@ -6,8 +6,12 @@ microseconds instead of one launch per kernel. Unused bucket entries take the pa
 whose slots are all -1 (writes land in the sink row). Attention grids are sized for the
 longest context, so one graph serves every sequence length.
 
-Only batches whose sampling the captured body covers replay (greedy, no penalties, no
-logprobs); the others run the same body eagerly.
+Grammar rows replay too: the body always applies the token bitmasks of static `grammar`
+buffers. A batch with grammar rows copies its masks in (one [B, V / 32] int32 copy);
+after it, the next batch without them resets the buffers to "all allowed" on the device,
+so a batch of no grammar rows copies nothing. Only batches whose sampling the captured body
+covers replay (greedy, no penalties, logprobs or logit bias); the others run the same body
+eagerly.
 """
 
 from __future__ import annotations
@@ -17,10 +21,11 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from engine.runner.grammar_rows import ALL_ALLOWED, GrammarRows, HostGrammarRows
 from engine.runner.h2d import copy_into
 from engine.runner.step_output import DeviceStepOutput
 
-StepBody = Callable[[torch.Tensor, torch.Tensor], DeviceStepOutput]
+StepBody = Callable[[torch.Tensor, torch.Tensor, GrammarRows], DeviceStepOutput]
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
@@ -31,6 +36,7 @@ class GraphedStep:
         body: StepBody,
         max_batch: int,
         padding_row: int,
+        vocab_size: int,
         device: torch.device,
         buckets: tuple[int, ...] = DEFAULT_BUCKETS,
     ) -> None:
@@ -41,20 +47,22 @@ class GraphedStep:
         size = self.buckets[-1]
         self.rows = torch.full((size,), padding_row, dtype=torch.int64, device=device)
         self.starts = torch.zeros(size, dtype=torch.int32, device=device)
+        self.grammar = GrammarRows.all_allowed(size, vocab_size, device)
+        self._grammar_dirty = False  # the buffers hold some batch's masks
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, DeviceStepOutput] = {}
         pool = torch.cuda.graph_pool_handle()
         for bucket in reversed(self.buckets):  # largest first: smaller ones reuse its pool
-            rows, starts = self.rows[:bucket], self.starts[:bucket]
+            rows, starts, grammar = self.rows[:bucket], self.starts[:bucket], self.grammar[:bucket]
             warmup = torch.cuda.Stream(device)
             warmup.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(warmup):
                 for _ in range(2):
-                    body(rows, starts)
+                    body(rows, starts, grammar)
             torch.cuda.current_stream(device).wait_stream(warmup)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self._outputs[bucket] = body(rows, starts)
+                self._outputs[bucket] = body(rows, starts, grammar)
             self._graphs[bucket] = graph
 
     def bucket_for(self, batch: int) -> int | None:
@@ -63,9 +71,10 @@ class GraphedStep:
                 return bucket
         return None
 
-    def replay(self, rows: np.ndarray, starts: np.ndarray) -> DeviceStepOutput:
-        """Run the step for len(rows) requests; returns outputs cut to that batch, copied out
-        of the graph's buffers (the next replay overwrites them)."""
+    def replay(self, rows: np.ndarray, starts: np.ndarray, grammar: HostGrammarRows | None) -> DeviceStepOutput:
+        """Run the step for len(rows) requests (`grammar`: their masks, None when none has a
+        grammar); returns outputs cut to that batch, copied out of the graph's buffers (the
+        next replay overwrites them)."""
         batch = len(rows)
         bucket = self.bucket_for(batch)
         assert bucket is not None
@@ -75,5 +84,18 @@ class GraphedStep:
         padded_starts[:batch] = starts
         copy_into(self.rows[:bucket], padded_rows)
         copy_into(self.starts[:bucket], padded_starts)
+        self._stage_grammar(bucket, grammar)
         self._graphs[bucket].replay()
         return self._outputs[bucket].map(lambda t: t[:batch].clone())
+
+    def _stage_grammar(self, bucket: int, grammar: HostGrammarRows | None) -> None:
+        if grammar is None:
+            if self._grammar_dirty:
+                self.grammar.token_bitmask.fill_(ALL_ALLOWED)
+                self.grammar.is_grammar.fill_(False)
+                self._grammar_dirty = False
+            return
+        batch = len(grammar.is_grammar)  # the padding rows' stale masks only touch outputs cut off
+        copy_into(self.grammar.token_bitmask[:batch], grammar.token_bitmask)
+        copy_into(self.grammar.is_grammar[:batch], grammar.is_grammar)
+        self._grammar_dirty = True

@@ -19,6 +19,7 @@ from engine.request import Request
 from engine.runner.batch_inputs import expand_extend, uniform_window
 from engine.runner.cpu_decoder_stack import with_cpu_decoder_stack
 from engine.runner.cuda_graphs import DEFAULT_BUCKETS, GraphedStep
+from engine.runner.grammar_rows import GrammarRows, HostGrammarRows
 from engine.runner.h2d import to_device
 from engine.runner.options import RunnerOptions
 from engine.runner.prompt_scoring import score_prompts
@@ -168,43 +169,53 @@ class ModelRunner:
         reqs = step.decode
         rows = np.array([r.row for r in reqs], dtype=np.int64)
         starts = np.array(step.kv_before, dtype=np.int32)  # plain decode: exact positions
-        # A grammar row commits one token per verify (docs/design.md §2.8): a batch of nothing
-        # else takes the one-token step, which keeps the draft KV just as a step over the cap does.
-        drafting = (
-            self.dspark is not None
-            and self.dspark.setup.drafts_at(len(reqs))
-            and not all(r.grammar is not None for r in reqs)
-        )
-        graphs = self.graphs if drafting or self.dspark is None else self.graphs_without_draft
-        # The captured body samples plain greedy: no penalties, logprobs, logit bias or grammar.
+        # The captured body samples plain greedy (grammar masks included): no penalties,
+        # logprobs or logit bias.
         graphable = all(
             r.params.greedy
             and not r.params.uses_penalties
             and r.params.logprobs is None
             and r.params.logit_bias is None
-            and r.grammar is None
             for r in reqs
         )
+        drafting = self.dspark is not None and self.dspark.setup.drafts_at(len(reqs))
+        if drafting and all(r.grammar is not None for r in reqs):
+            # A grammar row commits one token per verify (docs/design.md §2.8): a batch of
+            # nothing else takes the one-token step, which keeps the draft KV just as a step
+            # over the cap does; unless only the drafted step has a graph for it (a replayed
+            # verify costs less than an eager decode step).
+            drafting = graphable and _replays(self.graphs, reqs) and not _replays(self.graphs_without_draft, reqs)
+        graphs = self.graphs if drafting or self.dspark is None else self.graphs_without_draft
+        grammar = HostGrammarRows.fill(reqs, self.vocab_size)
         if graphs is not None and graphable and graphs.bucket_for(len(reqs)) is not None:
-            return PendingStep(graphs.replay(rows, starts), self.copy_stream)
+            return PendingStep(graphs.replay(rows, starts, grammar), self.copy_stream)
         rows_d = to_device(rows, self.device)
         starts_d = to_device(starts, self.device)
+        grammar_d = None if grammar is None else grammar.to_device(self.device)
         max_len = int(starts.max())
         if self.dspark is None:
-            outputs = self._plain_decode(rows_d, starts_d, max_len + 1, reqs)
+            outputs = self._plain_decode(rows_d, starts_d, max_len + 1, reqs, grammar_d)
         elif drafting:
-            outputs = self.dspark.step(rows_d, max_len, reqs, self.req_to_token, self.last_token, self.kv_len)
+            outputs = self.dspark.step(
+                rows_d, max_len, reqs, self.req_to_token, self.last_token, self.kv_len, grammar_d
+            )
         else:  # DSpark's host knows only a bound on each row's length: the device has it
-            outputs = self._plain_decode(rows_d, self.kv_len[rows_d], max_len + 1, reqs)
+            outputs = self._plain_decode(rows_d, self.kv_len[rows_d], max_len + 1, reqs, grammar_d)
         return PendingStep(outputs, self.copy_stream)
 
     def _plain_decode(
-        self, rows_d: torch.Tensor, starts_d: torch.Tensor, max_seq_len: int, reqs: list[Request]
+        self,
+        rows_d: torch.Tensor,
+        starts_d: torch.Tensor,
+        max_seq_len: int,
+        reqs: list[Request],
+        grammar: GrammarRows | None,
     ) -> DeviceStepOutput:
-        """One token per row at position starts_d[b] [B] int32. `reqs` empty: greedy without
-        penalties or logprobs (the captured variant). With DSpark (a batch over its cap) the
-        drafter's layers are captured and the token's KV injected into the draft pool, and
-        the token is sampled exactly as plain decoding samples it."""
+        """One token per row at position starts_d[b] [B] int32, under `grammar`'s masks where
+        given. `reqs` empty: greedy without penalties or logprobs (the captured variant).
+        With DSpark (a batch over its cap) the drafter's layers are captured and the token's
+        KV injected into the draft pool, and the token is sampled exactly as plain decoding
+        samples it."""
         inputs = uniform_window(self.req_to_token, rows_d, starts_d, 1, max_seq_len, causal=True)
         ctx = ForwardContext(inputs.meta, self.kv_pool, self.backend, capture_layers=self.capture_layers)
         hidden = self.model(self.last_token[rows_d], inputs.positions, ctx)  # [B, H]
@@ -213,7 +224,7 @@ class ModelRunner:
             assert aux is not None  # capture_layers are the drafter's
             self.dspark.inject(aux, inputs.positions, inputs.meta.out_slots)
         logits = self.model.compute_logits(hidden)  # [B, V]
-        sample = self.sampling.sample(logits, rows_d, inputs.positions + 1, reqs)
+        sample = self.sampling.sample(logits, rows_d, inputs.positions + 1, reqs, grammar)
         self.last_token[rows_d] = sample.tokens
         new_len = starts_d + 1
         self.kv_len[rows_d] = new_len
@@ -231,27 +242,33 @@ class ModelRunner:
         """Capture the decode step (plain or DSpark) per batch-size bucket (GPU only)."""
         if self.device.type != "cuda":
             return
+        vocab = self.vocab_size
         if self.dspark is None:
 
-            def body(rows_d: torch.Tensor, starts_d: torch.Tensor) -> DeviceStepOutput:
-                return self._plain_decode(rows_d, starts_d, max_context, [])
+            def body(rows_d: torch.Tensor, starts_d: torch.Tensor, grammar: GrammarRows) -> DeviceStepOutput:
+                return self._plain_decode(rows_d, starts_d, max_context, [], grammar)
 
             with torch.inference_mode():
-                self.graphs = GraphedStep(body, max_batch, padding_row, self.device)
+                self.graphs = GraphedStep(body, max_batch, padding_row, vocab, self.device)
             return
 
         dspark = self.dspark
         max_len = longest_kv_within(max_context, dspark.setup.window)
 
-        def drafted(rows_d: torch.Tensor, starts_d: torch.Tensor) -> DeviceStepOutput:
-            return dspark.step(rows_d, max_len, [], self.req_to_token, self.last_token, self.kv_len)
+        def drafted(rows_d: torch.Tensor, starts_d: torch.Tensor, grammar: GrammarRows) -> DeviceStepOutput:
+            return dspark.step(rows_d, max_len, [], self.req_to_token, self.last_token, self.kv_len, grammar)
 
-        def undrafted(rows_d: torch.Tensor, starts_d: torch.Tensor) -> DeviceStepOutput:
-            return self._plain_decode(rows_d, self.kv_len[rows_d], max_context, [])
+        def undrafted(rows_d: torch.Tensor, starts_d: torch.Tensor, grammar: GrammarRows) -> DeviceStepOutput:
+            return self._plain_decode(rows_d, self.kv_len[rows_d], max_context, [], grammar)
 
         limit = dspark.setup.max_batch_size
         with torch.inference_mode():
-            self.graphs = GraphedStep(drafted, min(max_batch, limit or max_batch), padding_row, self.device)
+            self.graphs = GraphedStep(drafted, min(max_batch, limit or max_batch), padding_row, vocab, self.device)
             if limit is not None and limit < max_batch:
                 above = tuple(b for b in DEFAULT_BUCKETS if b > limit)  # the smaller ones never replay
-                self.graphs_without_draft = GraphedStep(undrafted, max_batch, padding_row, self.device, above)
+                self.graphs_without_draft = GraphedStep(undrafted, max_batch, padding_row, vocab, self.device, above)
+
+
+def _replays(graphs: GraphedStep | None, reqs: list[Request]) -> bool:
+    """A captured family has a bucket for this batch."""
+    return graphs is not None and graphs.bucket_for(len(reqs)) is not None

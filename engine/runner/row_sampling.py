@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from engine.request import Request
+from engine.runner.grammar_rows import GrammarRows, HostGrammarRows
 from engine.runner.h2d import to_device
 from engine.runner.step_output import StepLogprobs
 from engine.sampling.logit_bias import LogitBiasTable, batch_bias_width
@@ -22,7 +23,6 @@ from engine.sampling.logprobs import TokenLogprobs, compute_logprobs
 from engine.sampling.penalties import PenaltyState
 from engine.sampling.sampler import Sampler, SamplingFlags, SamplingTensors, processed_logits, sampling_law
 from engine.sampling_params import SamplingParams
-from engine.structured.matcher import bitmask_words
 
 
 @dataclass(frozen=True)
@@ -70,25 +70,24 @@ class RowSampling:
         return st.with_logit_bias(self.logit_bias.gather(rows_d, batch_bias_width(params)))
 
     def sample(
-        self, logits: torch.Tensor, rows_d: torch.Tensor, counters: torch.Tensor, reqs: list[Request]
+        self,
+        logits: torch.Tensor,
+        rows_d: torch.Tensor,
+        counters: torch.Tensor,
+        reqs: list[Request],
+        grammar: GrammarRows | None = None,
     ) -> RowSample:
         """logits [R, V]; counters [R] int64: the position of the token being sampled. Rows of
-        grammar requests sample under their grammar's mask for this position."""
-        st = self.batch(rows_d, reqs).with_token_bitmask(self.grammar_bitmask(reqs))
+        grammar requests sample under their grammar's mask for this position: `grammar`'s
+        (a captured step's static buffers), else filled from `reqs` here."""
+        if grammar is None:
+            host = HostGrammarRows.fill(reqs, self.vocab_size)
+            grammar = None if host is None else host.to_device(self.device)
+        st = self.batch(rows_d, reqs)
+        if grammar is not None:
+            st = st.with_token_bitmask(grammar.token_bitmask)
         result = self.sampler.sample(logits, st, counters, self.penalties, rows_d)
         return RowSample(result.tokens, result.logprobs)
-
-    def grammar_bitmask(self, reqs: list[Request]) -> torch.Tensor | None:
-        """[R, words] int32 masks of the next token: each grammar request's (its matcher has
-        seen every committed token: the scheduler lags it a step), all ones elsewhere; None
-        when no request has a grammar. Filled on the host, copied without blocking."""
-        if not any(r.grammar is not None for r in reqs):
-            return None
-        host = np.full((len(reqs), bitmask_words(self.vocab_size)), -1, dtype=np.int32)
-        for i, req in enumerate(reqs):
-            if req.grammar is not None:
-                req.grammar.fill(host, i)
-        return to_device(host, self.device)
 
     def record_outputs(self, rows_d: torch.Tensor, tokens: torch.Tensor) -> None:
         """Count committed tokens [B, n] (-1 padding) for the frequency/presence penalties."""

@@ -16,7 +16,6 @@ batch shrinks.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from engine.attention.backend import AttentionBackend
@@ -24,7 +23,7 @@ from engine.kv.pool import KVPool
 from engine.models.context import CausalLM, ForwardContext
 from engine.request import Request
 from engine.runner.batch_inputs import uniform_window
-from engine.runner.h2d import to_device
+from engine.runner.grammar_rows import GrammarRows
 from engine.runner.options import AcceptRule
 from engine.runner.row_sampling import RowSampling
 from engine.runner.step_output import DeviceStepOutput
@@ -64,12 +63,14 @@ class SpecDecoder:
         req_to_token: torch.Tensor,
         last_token: torch.Tensor,
         kv_len: torch.Tensor,
+        grammar: GrammarRows | None,
     ) -> DeviceStepOutput:
         """Launch draft → verify → accept → commit for the rows `rows_d` [B]; returns the
         fixed-shape device outputs to copy to the host. `max_len` bounds every row's KV
         length (host, one step behind); `last_token` / `kv_len` are the per-row device
         buffers, updated in place. `reqs` carry the sampling facts the host knows; an empty
-        list means greedy rows without penalties or logprobs (what a CUDA graph captures)."""
+        list means greedy rows without penalties or logprobs (what a CUDA graph captures).
+        `grammar`: the rows' grammar masks (None: no grammar row)."""
         gamma, width = self.setup.gamma, self.setup.window
         batch = rows_d.shape[0]
         device = last_token.device
@@ -117,9 +118,9 @@ class SpecDecoder:
                 temperature <= 0,
             )
         out_tokens, accept_len = result.out_tokens, result.accept_len
-        if any(r.grammar is not None for r in reqs):
+        if grammar is not None:
             out_tokens, accept_len = self._grammar_rows_commit_one(
-                logits, rows_d, counters, reqs, out_tokens, accept_len
+                logits, rows_d, counters, reqs, grammar, out_tokens, accept_len
             )
         if self.accept_rule is not None:
             out_tokens, accept_len = self.accept_rule(drafts, keys, counters[:, 0])
@@ -150,6 +151,7 @@ class SpecDecoder:
         rows_d: torch.Tensor,
         counters: torch.Tensor,
         reqs: list[Request],
+        grammar: GrammarRows,
         out_tokens: torch.Tensor,
         accept_len: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,10 +159,9 @@ class SpecDecoder:
         mask, exactly as a plain decode step samples it (same law, same counter). The host
         knows a grammar's mask for that position only, so its drafts are not taken
         (docs/design.md §2.8); the other rows keep their acceptance."""
-        grammar_rows = to_device(np.array([r.grammar is not None for r in reqs]), rows_d.device)  # [B] bool
-        first = self.sampling.sample(logits[:, 0], rows_d, counters[:, 0], reqs).tokens  # [B]
+        first = self.sampling.sample(logits[:, 0], rows_d, counters[:, 0], reqs, grammar).tokens  # [B]
         forced = torch.full_like(out_tokens, -1)
         forced[:, 0] = first
-        out_tokens = torch.where(grammar_rows[:, None], forced, out_tokens)
-        accept_len = torch.where(grammar_rows, torch.ones_like(accept_len), accept_len)
+        out_tokens = torch.where(grammar.is_grammar[:, None], forced, out_tokens)
+        accept_len = torch.where(grammar.is_grammar, torch.ones_like(accept_len), accept_len)
         return out_tokens, accept_len
