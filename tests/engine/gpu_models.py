@@ -42,12 +42,12 @@ def gpu_engine(
     if speculative:
         drafter = random_drafter_dir(tmp / "drafter", loaded, num_layers=drafter_layers)
         spec = SpeculativeConfig(drafter=str(drafter), max_batch_size=max_batch_size)
+    options.setdefault("kv_cache_memory_bytes", 1 << 30)
     config = EngineConfig(
         model=str(model_dir),
         device="cuda",
         max_model_len=1024,
         max_num_seqs=8,
-        kv_cache_memory_bytes=1 << 30,
         speculative=spec,
         **options,
     )  # type: ignore[arg-type]
