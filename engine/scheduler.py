@@ -85,8 +85,7 @@ class ScheduledStep:
         return self.decode + [c.req for c in self.chunks]
 
     @property
-    def num_tokens(self) -> int:
-        """Prefill tokens of the step (decode rows not counted)."""
+    def num_tokens(self) -> int:  # prefill tokens (decode rows not counted)
         return sum(c.end - c.start for c in self.chunks)
 
 
@@ -161,16 +160,13 @@ class Scheduler:
     # -- the decision -----------------------------------------------------------------
 
     def schedule(self) -> ScheduledStep | None:
-        step = self._choose()
+        step = self._choose_mixed() if self.policy == "mixed" else self._choose_alternating()
         if step is not None:
             now = time.perf_counter()
             for req in step.requests:
                 if req.first_scheduled_s is None:
                     req.first_scheduled_s = now
         return step
-
-    def _choose(self) -> ScheduledStep | None:
-        return self._choose_mixed() if self.policy == "mixed" else self._choose_alternating()
 
     def _choose_mixed(self) -> ScheduledStep | None:
         """Decode rows first (they take `step_width` tokens of the budget each), then chunks
@@ -271,10 +267,9 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     def _schedule_prefill(self, budget: int | None = None) -> ScheduledStep | None:
-        """Chunks of `budget` tokens at most (None: the whole token budget): prefilling
-        requests first, then admissions from the queue in order. A queued request whose
-        prefix a prefilling request is still computing stays queued (its place kept) until
-        those pages are cached; later requests may pass it meanwhile."""
+        """Chunks of `budget` tokens at most (None: the token budget), prefilling requests
+        first. A queued request whose prefix another is still computing keeps its place in
+        the queue until those pages are cached; later ones may pass it meanwhile."""
         budget = self.token_budget if budget is None else budget
         chunks: list[PrefillChunk] = []
         for req in self.prefilling:
