@@ -210,7 +210,8 @@ def main() -> None:
                 f"sessions={sessions:4d} {policy:12s} {result.output_tokens_per_s:8.1f} tok/s  "
                 f"TTFT mean/p50/p90 {result.ttft_mean_ms:7.0f}/{result.ttft_p50_ms:7.0f}/{result.ttft_p90_ms:7.0f} ms  "
                 f"TPOT mean/p99 {result.tpot_mean_ms:6.1f}/{result.tpot_p99_ms:6.1f} ms  "
-                f"steps {result.steps} (mixed {result.mixed_steps})  prefill computed {result.prefill_tokens_computed}  "
+                f"steps {result.steps} (mixed {result.mixed_steps})  "
+                f"prefill computed {result.prefill_tokens_computed}  "
                 f"host {result.host_ms_per_step:.1f} ms/step",
                 flush=True,
             )

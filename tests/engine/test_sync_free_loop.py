@@ -1,6 +1,7 @@
 """The whole step loop (prefill, decode, mixed steps of both; with DSpark: draft, verify,
-accept, commit, KV injection) runs under the sync guard, with either scheduling policy: the only host/device synchronisation is the one
-permitted wait per step, on the previous step's output copy."""
+accept, commit, KV injection) runs under the sync guard, with either scheduling policy:
+the only host/device synchronisation is the one permitted wait per step, on the previous
+step's output copy."""
 
 from __future__ import annotations
 
