@@ -149,8 +149,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048  # per-step token budget (prefill chunk size)
     chunked_prefill: bool = True
     # "mixed": each step carries the decode rows and prefill chunks under one token budget;
-    # "alternating": a step is prefill chunks or decode rows, taking turns (docs/design.md §2.3)
-    scheduling: SchedulingPolicyName = "mixed"
+    # "alternating": a step is prefill chunks or decode rows, taking turns (docs/design.md §2.3).
+    # Alternating stays the default until mixed steps measure faster (on CPU they do not yet).
+    scheduling: SchedulingPolicyName = "alternating"
     enable_prefix_cache: bool = True
     page_size: int = 0  # 0: 1 on CPU, 16 on GPU
     kv_cache_memory_bytes: int = 0  # 0: derived from gpu_memory_utilization or kv_memory_fraction

@@ -108,7 +108,7 @@ class Scheduler:
         max_model_len: int,
         step_width: int,
         spec_gamma: int | None = None,
-        policy: SchedulingPolicyName = "mixed",
+        policy: SchedulingPolicyName = "alternating",
     ) -> None:
         """`spec_gamma`: DSpark's drafts per verify (then step_width = gamma + 1); None: off."""
         self.policy = policy
