@@ -52,6 +52,8 @@ class EngineStats:
     num_preemptions: int
     steps_total: int
     spec_undrafted_tokens_total: int = 0  # DSpark decode tokens of steps over the batch cap
+    prefill_tokens_computed_total: int = 0  # fill positions launched (prefix-cache hits excluded)
+    mixed_steps_total: int = 0  # steps that carried decode rows and prefill chunks together
 
 
 class EngineCore:
@@ -76,6 +78,8 @@ class EngineCore:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.steps_total = 0
+        self.prefill_tokens_computed_total = 0
+        self.mixed_steps_total = 0
 
     def attach_sync_guard(self, guard: SyncGuard) -> None:
         """Run under `guard` (docs/design.md §4): the step's wait on the previous output copy is
@@ -271,6 +275,7 @@ class EngineCore:
             self._admit_new_rows(step)
             launched = (step, self._launch(step))
             self.steps_total += 1
+            self.mixed_steps_total += step.kind == "mixed"
         if self._inflight is not None:
             outputs.extend(self._finish_step(*self._inflight))
         self._inflight = launched
@@ -280,12 +285,11 @@ class EngineCore:
         return self.runner.launch(step)
 
     def _admit_new_rows(self, step: ScheduledStep) -> None:
-        if step.kind != "prefill":
-            return
         for chunk in step.chunks:
-            if chunk.start == chunk.req.num_cached:  # first chunk of this admission
+            if chunk.admits:
                 self.runner.admit(chunk.req)
-                self.prompt_tokens_total += len(chunk.req.fill_ids) - chunk.req.num_cached
+                self.prompt_tokens_total += len(chunk.req.fill_ids) - chunk.start
+        self.prefill_tokens_computed_total += step.num_tokens
 
     def _finish_step(self, step: ScheduledStep, pending: PendingStep) -> list[RequestOutput]:
         """Wait for the step's outputs, let the scheduler account for them, publish the new
@@ -345,6 +349,8 @@ class EngineCore:
             num_preemptions=self.scheduler.num_preemptions,
             steps_total=self.steps_total,
             spec_undrafted_tokens_total=spec.undrafted_tokens,
+            prefill_tokens_computed_total=self.prefill_tokens_computed_total,
+            mixed_steps_total=self.mixed_steps_total,
         )
 
     def run_until_idle(self) -> Iterator[RequestOutput]:

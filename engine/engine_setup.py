@@ -132,6 +132,7 @@ def build_engine_parts(
         max_model_len=max_model_len,
         step_width=step_width,
         spec_gamma=spec.gamma if spec else None,
+        policy=config.scheduling,
     )
     runner = ModelRunner(
         target,

@@ -1,9 +1,16 @@
 """Continuous batching: which requests run in the next step, and how much of each.
 
-A step is either a prefill step (chunks of prompts under a token budget; the last chunk of
-a request samples its next token) or a decode step (every decoding request advances by one
-token, or by one DSpark draft+verify block). When both kinds of work are pending they take
-turns, so a long prompt delays running requests by at most one chunk.
+A step carries decode rows (every decodable request advances by one token, or by one DSpark
+draft+verify block) and prefill chunks (pieces of prompts; the last chunk of a request
+samples its next token), all under one token budget. Two policies (EngineConfig.scheduling):
+
+- "mixed" (vLLM v1, Sarathi-Serve): every step schedules the decode rows first, then fills
+  what is left of the budget with chunks, so a decode row never waits for a chunk step;
+- "alternating": a step is either chunks or decode rows, taking turns when both are
+  pending, so a long prompt delays running requests by at most one chunk step.
+
+Requests admitted while another request is computing the same prefix wait for its pages
+(engine/kv/shared_prefix.py) instead of computing it again.
 
 The one-step lag (docs/design.md §4), stated here once: step N is launched before the host has
 seen step N-1's outputs, so the scheduler works on host state that lags the device by one
@@ -23,7 +30,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from engine.config import SchedulingPolicyName
 from engine.kv.manager import KVManager
+from engine.kv.shared_prefix import computing_elsewhere
 from engine.request import Request, RequestStatus
 from engine.runner.step_output import StepResult
 from engine.speculative.stats import SpecCounters
@@ -48,6 +57,7 @@ class PrefillChunk:
     end: int  # one past the last
     samples: bool  # the chunk ends the fill: its last logits sample the next token
     scores_prompt: bool = False  # the chunk computes the logprobs of its prompt targets
+    admits: bool = False  # the first chunk of this admission: the runner stages the row
 
     @property
     def prompt_targets(self) -> range:
@@ -61,15 +71,22 @@ class PrefillChunk:
 
 @dataclass
 class ScheduledStep:
-    kind: Literal["prefill", "decode"]
+    """One forward's work. Its output rows are the decode rows first, then the chunks, in
+    the order of `requests`; a "mixed" step has both, the others one kind."""
+
+    kind: Literal["prefill", "decode", "mixed"]
     chunks: list[PrefillChunk] = field(default_factory=list)
     decode: list[Request] = field(default_factory=list)
-    epochs: list[int] = field(default_factory=list)  # per chunk / decode request, at launch
-    kv_before: list[int] = field(default_factory=list)  # decode: KV-length bound before the step
+    epochs: list[int] = field(default_factory=list)  # per row of `requests`, at launch
+    kv_before: list[int] = field(default_factory=list)  # per decode row: KV-length bound before the step
 
     @property
     def requests(self) -> list[Request]:
-        return [c.req for c in self.chunks] if self.kind == "prefill" else self.decode
+        return self.decode + [c.req for c in self.chunks]
+
+    @property
+    def num_tokens(self) -> int:  # prefill tokens (decode rows not counted)
+        return sum(c.end - c.start for c in self.chunks)
 
 
 class CommittedRow(NamedTuple):
@@ -91,8 +108,10 @@ class Scheduler:
         max_model_len: int,
         step_width: int,
         spec_gamma: int | None = None,
+        policy: SchedulingPolicyName = "alternating",
     ) -> None:
         """`spec_gamma`: DSpark's drafts per verify (then step_width = gamma + 1); None: off."""
+        self.policy = policy
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.token_budget = max_num_batched_tokens
@@ -141,7 +160,7 @@ class Scheduler:
     # -- the decision -----------------------------------------------------------------
 
     def schedule(self) -> ScheduledStep | None:
-        step = self._choose()
+        step = self._choose_mixed() if self.policy == "mixed" else self._choose_alternating()
         if step is not None:
             now = time.perf_counter()
             for req in step.requests:
@@ -149,7 +168,25 @@ class Scheduler:
                     req.first_scheduled_s = now
         return step
 
-    def _choose(self) -> ScheduledStep | None:
+    def _choose_mixed(self) -> ScheduledStep | None:
+        """Decode rows first (they take `step_width` tokens of the budget each), then chunks
+        in what is left. Decode rows reserve their slots before any admission, so a prompt
+        never takes the memory a running request needs to advance."""
+        decode = self._schedule_decode()
+        num_decode = len(decode.decode) if decode is not None else 0
+        budget = self.token_budget - num_decode * self.step_width
+        prefill = self._schedule_prefill(budget) if budget > 0 and (self.prefilling or self.waiting) else None
+        if decode is None or prefill is None:
+            return decode or prefill
+        return ScheduledStep(
+            "mixed",
+            chunks=prefill.chunks,
+            decode=decode.decode,
+            epochs=decode.epochs + prefill.epochs,
+            kv_before=decode.kv_before,
+        )
+
+    def _choose_alternating(self) -> ScheduledStep | None:
         decodable = [r for r in self.decoding if self._wants_decode(r)]
         prefill_pending = bool(self.prefilling or self.waiting)
         prefer_prefill = prefill_pending and (not decodable or self._last_kind == "decode")
@@ -229,8 +266,11 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def _schedule_prefill(self) -> ScheduledStep | None:
-        budget = self.token_budget
+    def _schedule_prefill(self, budget: int | None = None) -> ScheduledStep | None:
+        """Chunks of `budget` tokens at most (None: the token budget), prefilling requests
+        first. A queued request whose prefix another is still computing keeps its place in
+        the queue until those pages are cached; later ones may pass it meanwhile."""
+        budget = self.token_budget if budget is None else budget
         chunks: list[PrefillChunk] = []
         for req in self.prefilling:
             if budget <= 0:
@@ -240,22 +280,30 @@ class Scheduler:
                 break
             chunks.append(chunk)
             budget -= chunk.end - chunk.start
+        deferred: list[Request] = []
         while self.waiting and budget > 0 and self.num_running < self.max_num_seqs:
             req = self.waiting[0]
+            if not req.scores_prompt and computing_elsewhere(self.kv, req.all_ids, self.prefilling):
+                deferred.append(self.waiting.popleft())
+                continue
             if not self._admit(req):
                 break
             self.waiting.popleft()
             self.prefilling.append(req)
-            chunk = self._chunk(req, budget, first=not chunks)
+            chunk = self._chunk(req, budget, first=not chunks, admits=True)
             if chunk is None:
                 break
             chunks.append(chunk)
             budget -= chunk.end - chunk.start
+        self.waiting.extendleft(reversed(deferred))
         if not chunks:
             return None
         for chunk in chunks:
             req = chunk.req
             req.num_computed = chunk.end
+            # Launched KV is as good as computed for any later step (device work runs in
+            # order): its whole pages go to the prefix cache now, for others to attach to.
+            self.kv.share_computed(req, req.fill_ids, chunk.end)
             if chunk.samples:
                 req.kv_ub = chunk.end
                 req.inflight_steps += 1
@@ -280,7 +328,7 @@ class Scheduler:
         req.status = RequestStatus.PREFILLING
         return True
 
-    def _chunk(self, req: Request, budget: int, first: bool) -> PrefillChunk | None:
+    def _chunk(self, req: Request, budget: int, first: bool, admits: bool = False) -> PrefillChunk | None:
         remaining = len(req.fill_ids) - req.num_computed
         if remaining <= budget:
             take = remaining
@@ -292,7 +340,8 @@ class Scheduler:
             return None
         start = req.num_computed
         end = start + take
-        return PrefillChunk(req, start, end, samples=end == len(req.fill_ids), scores_prompt=req.scores_prompt)
+        samples = end == len(req.fill_ids)
+        return PrefillChunk(req, start, end, samples=samples, scores_prompt=req.scores_prompt, admits=admits)
 
     def admit_decoding(self, req: Request, kv_len: int) -> int | None:
         """Admit a request whose KV for positions [0, kv_len) arrives from elsewhere; it
@@ -326,22 +375,24 @@ class Scheduler:
         finished or were preempted since the launch, and of prefill chunks that did not
         sample, are skipped."""
         committed: list[CommittedRow] = []
+        num_decode = len(step.decode)
         for i, req in enumerate(step.requests):
             if req.is_finished or req.epoch != step.epochs[i]:
                 continue
-            if step.kind == "prefill" and not step.chunks[i].samples:
+            is_decode = i < num_decode
+            if not is_decode and not step.chunks[i - num_decode].samples:
                 continue
             count = int(result.accept_len[i])
             req.inflight_steps -= 1
             req.kv_len = int(result.kv_len[i])
             req.kv_ub = req.kv_len + req.inflight_steps * self.step_width
-            if step.kind == "decode" and result.draft_len is not None:
+            if is_decode and result.draft_len is not None:
                 drafted = int(result.draft_len[i])
                 req.verify_steps += 1
                 req.draft_tokens += drafted
                 req.accepted_tokens += count - 1
                 self.spec_counters.record(count)
-            elif step.kind == "decode" and self.speculative:
+            elif is_decode and self.speculative:
                 self.spec_counters.record_undrafted()
             committed.append(CommittedRow(req, i, count))
         return committed

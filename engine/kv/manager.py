@@ -4,7 +4,9 @@ request → slot table, behind four verbs (admit, reserve, release, usage).
 Ownership: a request owns the slots of its table row from `num_cached` to `num_allocated`;
 the prefix cache owns the first `num_cached` (locked while the request lives). On release
 the request offers its computed tokens to the prefix cache, which takes whole pages, and the
-rest go back to the allocator. Nothing here touches device memory except the table copy.
+rest go back to the allocator. A request still prefilling hands its launched whole pages
+to the prefix cache early (`share_computed`), so requests sharing its prefix attach to them
+instead of computing them again. Nothing here touches device memory except the table copy.
 """
 
 from __future__ import annotations
@@ -101,6 +103,36 @@ class KVManager:
         self.table.write(req.row, req.num_allocated, slots)
         req.num_allocated += len(slots)
         return True
+
+    @property
+    def caches_prefixes(self) -> bool:
+        return isinstance(self.prefix_cache, RadixCache)
+
+    def cached_prefix_len(self, fill_ids: list[int]) -> int:
+        """Positions of `fill_ids` an admission now would take from the prefix cache."""
+        return self.prefix_cache.match_prefix(fill_ids[: len(fill_ids) - 1]).num_tokens
+
+    def share_computed(self, req: Request, fill_ids: list[int], num_tokens: int) -> None:
+        """Hand the whole pages of `req`'s first `num_tokens` positions (KV launched, not
+        necessarily computed yet: later steps run after it) to the prefix cache while the
+        request keeps running, and take the cache's pages back as the start of its table
+        (the RadixCache.insert contract). Afterwards the cache owns positions
+        [0, req.num_cached). Where the cache already held some of these tokens under other
+        pages (two requests computed them, e.g. one scoring its prompt), the request moves
+        to the cache's pages and the step being launched rewrites them with the same KV."""
+        n = num_tokens - num_tokens % self.page_size
+        if not self.caches_prefixes or n <= req.num_cached:
+            return
+        slots = self.table.slots(req.row, 0, n).astype(np.int64)
+        self.prefix_cache.insert(fill_ids[:n], slots)
+        match = self.prefix_cache.match_prefix(fill_ids[:n])
+        self.prefix_cache.lock(match.node)
+        if req.prefix_node is not None:
+            self.prefix_cache.unlock(req.prefix_node)
+        if not np.array_equal(match.slots, slots):
+            self.table.write(req.row, 0, match.slots)
+        req.prefix_node = match.node
+        req.num_cached = match.num_tokens
 
     def release(self, req: Request, token_ids: list[int], kv_len: int) -> None:
         """Free `req`'s row and slots. Its first min(kv_len, len(token_ids)) positions hold

@@ -101,3 +101,25 @@ def uniform_window(
         uniform_extend=width,
     )
     return ExtendInputs(positions=positions_2d.reshape(-1), meta=meta)
+
+
+def concat_extend(first: ExtendInputs, second: ExtendInputs) -> ExtendInputs:
+    """One ragged forward of `first`'s requests then `second`'s (a mixed step: the decode
+    rows' windows, then the prefill chunks). Both must be causal; bounds stay host ints."""
+    a, b = first.meta, second.meta
+    assert a.causal and b.causal, "a mixed forward is causal"
+    meta = AttentionMetadata(
+        req_to_token=a.req_to_token,
+        req_rows=torch.cat((a.req_rows, b.req_rows)),
+        seq_lens=torch.cat((a.seq_lens.to(torch.int32), b.seq_lens.to(torch.int32))),
+        extend_lens=torch.cat((a.extend_lens, b.extend_lens)),
+        q_start=torch.cat((a.q_start, b.q_start + a.num_tokens)),
+        out_slots=torch.cat((a.out_slots, b.out_slots)),
+        token_req=torch.cat((a.token_req, b.token_req + a.batch_size)),
+        token_offset=torch.cat((a.token_offset, b.token_offset)),
+        num_tokens=a.num_tokens + b.num_tokens,
+        max_extend_len=max(a.max_extend_len, b.max_extend_len),
+        max_seq_len=max(a.max_seq_len, b.max_seq_len),
+        causal=True,
+    )
+    return ExtendInputs(positions=torch.cat((first.positions, second.positions)), meta=meta)

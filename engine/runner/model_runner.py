@@ -16,16 +16,16 @@ from engine.attention import select_backend
 from engine.kv.pool import KVPool
 from engine.models.context import CausalLM, ForwardContext
 from engine.request import Request
-from engine.runner.batch_inputs import expand_extend, uniform_window
+from engine.runner.batch_inputs import uniform_window
 from engine.runner.cpu_decoder_stack import with_cpu_decoder_stack
 from engine.runner.cuda_graphs import DEFAULT_BUCKETS, GraphedStep
+from engine.runner.extend_step import commit_one_token, launch_extend
 from engine.runner.grammar_rows import GrammarRows, HostGrammarRows
 from engine.runner.h2d import to_device
 from engine.runner.options import RunnerOptions
-from engine.runner.prompt_scoring import score_prompts
 from engine.runner.row_sampling import RowSampling
 from engine.runner.spec_decode import SpecDecoder
-from engine.runner.step_output import DeviceStepOutput, PendingStep, StepLogprobs
+from engine.runner.step_output import DeviceStepOutput, PendingStep
 from engine.scheduler import ScheduledStep, longest_kv_within
 from engine.speculative.setup import SpecSetup
 
@@ -113,57 +113,23 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch(self, step: ScheduledStep) -> PendingStep:
-        if step.kind == "prefill":
-            return self._prefill(step)
+        """A pure decode step takes the decode path (graph replay on GPU); a step with chunks,
+        prefill or mixed, is one ragged forward (engine/runner/extend_step.py)."""
+        if step.chunks:
+            return PendingStep(launch_extend(self, step), self.copy_stream)
         return self._decode(step)
 
-    def _prefill(self, step: ScheduledStep) -> PendingStep:
-        chunks = step.chunks
-        rows = np.array([c.req.row for c in chunks], dtype=np.int64)
-        starts = np.array([c.start for c in chunks], dtype=np.int32)
-        ends = np.array([c.end for c in chunks], dtype=np.int32)
-        ids = np.concatenate([np.asarray(c.req.fill_ids[c.start : c.end], dtype=np.int64) for c in chunks])
-        inputs = expand_extend(
-            self.req_to_token,
-            rows,
-            starts,
-            ends - starts,
-            self.device,
-            host_sized_expansion=self.options.host_sized_expansion,
-        )
-        ctx = ForwardContext(inputs.meta, self.kv_pool, self.backend, capture_layers=self.capture_layers)
-        hidden = self.model(to_device(ids, self.device), inputs.positions, ctx)  # [T, H]
-        if self.dspark is not None:
-            aux = ctx.aux_hidden()
-            assert aux is not None
-            self.dspark.inject(aux, inputs.positions, inputs.meta.out_slots)
-
-        # Only chunks that end a fill sample; the others produce a padded row (accept_len 0).
-        sampling = np.array([c.samples for c in chunks])
-        last_rows = np.cumsum(ends - starts) - 1
-        num = len(chunks)
-        tokens = torch.full((num, 1), -1, dtype=torch.int64, device=self.device)
-        accept_len = to_device(sampling.astype(np.int32), self.device)
-        kv_len = to_device(ends, self.device)
-        logprobs: StepLogprobs | None = None
-        if sampling.any():
-            pick = np.flatnonzero(sampling)
-            pick_d = to_device(pick, self.device)
-            rows_s = to_device(rows[pick], self.device)
-            logits = self.model.compute_logits(hidden[to_device(last_rows[pick], self.device)])  # [S, V]
-            counters = to_device(ends[pick].astype(np.int64), self.device)
-            reqs = [chunks[i].req for i in pick]
-            sample = self.sampling.sample(logits, rows_s, counters, reqs)
-            tokens[pick_d, 0] = sample.tokens
-            self.last_token[rows_s] = sample.tokens
-            self.kv_len[rows_s] = to_device(ends[pick], self.device)
-            self.sampling.record_outputs(rows_s, sample.tokens[:, None])
-            logprobs = sample.step_logprobs(num, pick_d)
-        prompt_logprobs = score_prompts(
-            self.model, hidden, chunks, self.vocab_size, self.device, self.options.prompt_logprob_slice_rows
-        )
-        outputs = DeviceStepOutput(tokens, accept_len, kv_len, logprobs, prompt_logprobs=prompt_logprobs)
-        return PendingStep(outputs, self.copy_stream)
+    def drafts_for(self, reqs: list[Request], graphable: bool = False) -> bool:
+        """Whether DSpark drafts for these decode rows. A grammar row commits one token per
+        verify (docs/design.md §2.8): a batch of nothing else takes the one-token step, which
+        keeps the draft KV just as a step over the cap does; unless only the drafted step has
+        a graph for it (`graphable`: the batch may replay), since a replayed verify costs
+        less than an eager decode step."""
+        if self.dspark is None or not self.dspark.setup.drafts_at(len(reqs)):
+            return False
+        if not all(r.grammar is not None for r in reqs):
+            return True
+        return graphable and _replays(self.graphs, reqs) and not _replays(self.graphs_without_draft, reqs)
 
     def _decode(self, step: ScheduledStep) -> PendingStep:
         reqs = step.decode
@@ -178,13 +144,7 @@ class ModelRunner:
             and r.params.logit_bias is None
             for r in reqs
         )
-        drafting = self.dspark is not None and self.dspark.setup.drafts_at(len(reqs))
-        if drafting and all(r.grammar is not None for r in reqs):
-            # A grammar row commits one token per verify (docs/design.md §2.8): a batch of
-            # nothing else takes the one-token step, which keeps the draft KV just as a step
-            # over the cap does; unless only the drafted step has a graph for it (a replayed
-            # verify costs less than an eager decode step).
-            drafting = graphable and _replays(self.graphs, reqs) and not _replays(self.graphs_without_draft, reqs)
+        drafting = self.drafts_for(reqs, graphable)
         graphs = self.graphs if drafting or self.dspark is None else self.graphs_without_draft
         grammar = HostGrammarRows.fill(reqs, self.vocab_size)
         if graphs is not None and graphable and graphs.bucket_for(len(reqs)) is not None:
@@ -219,22 +179,8 @@ class ModelRunner:
         inputs = uniform_window(self.req_to_token, rows_d, starts_d, 1, max_seq_len, causal=True)
         ctx = ForwardContext(inputs.meta, self.kv_pool, self.backend, capture_layers=self.capture_layers)
         hidden = self.model(self.last_token[rows_d], inputs.positions, ctx)  # [B, H]
-        if self.dspark is not None:
-            aux = ctx.aux_hidden()
-            assert aux is not None  # capture_layers are the drafter's
-            self.dspark.inject(aux, inputs.positions, inputs.meta.out_slots)
-        logits = self.model.compute_logits(hidden)  # [B, V]
-        sample = self.sampling.sample(logits, rows_d, inputs.positions + 1, reqs, grammar)
-        self.last_token[rows_d] = sample.tokens
-        new_len = starts_d + 1
-        self.kv_len[rows_d] = new_len
-        self.sampling.record_outputs(rows_d, sample.tokens[:, None])
-        return DeviceStepOutput(
-            tokens=sample.tokens[:, None],
-            accept_len=torch.ones_like(new_len),
-            kv_len=new_len,
-            logprobs=sample.step_logprobs(rows_d.shape[0], None),
-        )
+        aux = ctx.aux_hidden()
+        return commit_one_token(self, hidden, aux, rows_d, inputs.positions, inputs.meta.out_slots, reqs, grammar)
 
     # -- CUDA graphs ----------------------------------------------------------------------
 

@@ -16,19 +16,34 @@ batch shrinks.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from engine.attention.backend import AttentionBackend
 from engine.kv.pool import KVPool
 from engine.models.context import CausalLM, ForwardContext
 from engine.request import Request
-from engine.runner.batch_inputs import uniform_window
-from engine.runner.grammar_rows import GrammarRows
+from engine.runner.batch_inputs import ExtendInputs, uniform_window
+from engine.runner.grammar_rows import GrammarRows, HostGrammarRows
 from engine.runner.options import AcceptRule
 from engine.runner.row_sampling import RowSampling
 from engine.runner.step_output import DeviceStepOutput
 from engine.speculative import accept as acc
 from engine.speculative.setup import SpecSetup
+
+
+class Draft(NamedTuple):
+    """A proposed block and the verify window that checks it (SpecDecoder.propose)."""
+
+    rows_d: torch.Tensor  # [B] int64
+    seq_lens: torch.Tensor  # [B] int32: each row's committed KV length (device only)
+    drafts: torch.Tensor  # [B, gamma] int64
+    draft_logits: torch.Tensor  # the drafter's logits of the drafts
+    temperature: torch.Tensor  # [B] float32, 0 on greedy rows
+    keys: torch.Tensor  # [B]: the rows' sampling keys
+    verify: ExtendInputs  # the window seq_len + [0, W) of every row, causal
+    verify_ids: torch.Tensor  # [B*W] int64: anchor then drafts, row after row
 
 
 class SpecDecoder:
@@ -63,17 +78,36 @@ class SpecDecoder:
         req_to_token: torch.Tensor,
         last_token: torch.Tensor,
         kv_len: torch.Tensor,
-        grammar: GrammarRows | None,
+        grammar: GrammarRows | None = None,
     ) -> DeviceStepOutput:
         """Launch draft → verify → accept → commit for the rows `rows_d` [B]; returns the
         fixed-shape device outputs to copy to the host. `max_len` bounds every row's KV
         length (host, one step behind); `last_token` / `kv_len` are the per-row device
         buffers, updated in place. `reqs` carry the sampling facts the host knows; an empty
         list means greedy rows without penalties or logprobs (what a CUDA graph captures).
-        `grammar`: the rows' grammar masks (None: no grammar row)."""
+        `grammar`: the rows' grammar masks (a captured step's static buffers), else filled
+        from `reqs`."""
+        draft = self.propose(rows_d, max_len, reqs, req_to_token, last_token, kv_len)
+        capture = self.setup.capture_layers
+        ctx = ForwardContext(draft.verify.meta, self.target_pool, self.backend, capture_layers=capture)
+        hidden = self.model(draft.verify_ids, draft.verify.positions, ctx)  # [B*W, H]
+        aux = ctx.aux_hidden()
+        assert aux is not None  # the verify context captures the drafter's layers
+        return self.commit(draft, hidden, aux, reqs, last_token, kv_len, grammar)
+
+    def propose(
+        self,
+        rows_d: torch.Tensor,
+        max_len: int,
+        reqs: list[Request],
+        req_to_token: torch.Tensor,
+        last_token: torch.Tensor,
+        kv_len: torch.Tensor,
+    ) -> Draft:
+        """Draft gamma tokens per row and lay out the verify window the target runs next
+        (alone, or ahead of prefill chunks in a mixed step)."""
         gamma, width = self.setup.gamma, self.setup.window
         batch = rows_d.shape[0]
-        device = last_token.device
         seq_lens = kv_len[rows_d]  # [B] int32, device only
         anchor = last_token[rows_d]  # [B]
         all_greedy = all(r.params.greedy for r in reqs)
@@ -93,43 +127,59 @@ class SpecDecoder:
             any_sampled=not all_greedy,
         )
         drafts = proposal.draft_tokens  # [B, gamma]
-
-        # 2. Verify: the target over [anchor, drafts] at seq_len + [0, W), causal.
+        # 2. The verify window: [anchor, drafts] at seq_len + [0, W), causal.
         verify = uniform_window(req_to_token, rows_d, seq_lens, width, max_len + width, causal=True)
-        ctx = ForwardContext(verify.meta, self.target_pool, self.backend, capture_layers=self.setup.capture_layers)
         verify_ids = torch.cat((anchor[:, None], drafts), dim=1).reshape(-1)  # [B*W]
-        hidden = self.model(verify_ids, verify.positions, ctx)  # [B*W, H]
+        return Draft(rows_d, seq_lens, drafts, proposal.draft_logits, temperature, keys, verify, verify_ids)
+
+    def commit(
+        self,
+        draft: Draft,
+        hidden: torch.Tensor,
+        aux: torch.Tensor,
+        reqs: list[Request],
+        last_token: torch.Tensor,
+        kv_len: torch.Tensor,
+        grammar: GrammarRows | None = None,
+    ) -> DeviceStepOutput:
+        """Accept and commit after the target ran the verify window: `hidden` [B*W, H] and
+        the captured `aux` [B*W, K*H] are the window's rows. `grammar`: the rows' masks (a
+        captured step's static buffers), else filled from `reqs`."""
+        gamma, width = self.setup.gamma, self.setup.window
+        rows_d, seq_lens, drafts, verify = draft.rows_d, draft.seq_lens, draft.drafts, draft.verify
+        batch = rows_d.shape[0]
         logits = self.model.compute_logits(hidden).view(batch, width, -1)  # [B, W, V]
 
         # 3. Accept. Row j predicts position seq_len + j + 1 (its sampling counter).
         counters = verify.positions.view(batch, width) + 1  # [B, W]
-        if all_greedy:
+        if all(r.params.greedy for r in reqs):
             result = acc.accept_greedy(drafts, self.sampling.penalized(logits, rows_d, drafts, reqs))
         else:
             target_probs = self.sampling.target_probs(logits, rows_d, drafts, reqs)  # [B, W, V]
-            draft_probs = acc.draft_probs(proposal.draft_logits, temperature)
+            draft_probs = acc.draft_probs(draft.draft_logits, draft.temperature)
             result = acc.accept(
                 drafts,
                 draft_probs,
                 self.sampling.penalized(logits, rows_d, drafts, reqs),
                 target_probs,
-                keys,
+                draft.keys,
                 counters[:, 0],
-                temperature <= 0,
+                draft.temperature <= 0,
             )
         out_tokens, accept_len = result.out_tokens, result.accept_len
+        if grammar is None:
+            host = HostGrammarRows.fill(reqs, self.sampling.vocab_size)
+            grammar = None if host is None else host.to_device(rows_d.device)
         if grammar is not None:
             out_tokens, accept_len = self._grammar_rows_commit_one(
                 logits, rows_d, counters, reqs, grammar, out_tokens, accept_len
             )
         if self.accept_rule is not None:
-            out_tokens, accept_len = self.accept_rule(drafts, keys, counters[:, 0])
+            out_tokens, accept_len = self.accept_rule(drafts, draft.keys, counters[:, 0])
 
         # 4. Commit: anchor + accepted drafts get draft KV; the bonus is the next anchor.
         window_slots = verify.meta.out_slots.view(batch, width)
         commit = acc.commit_slots(window_slots, accept_len)
-        aux = ctx.aux_hidden()
-        assert aux is not None  # the verify context captures the drafter's layers
         self.setup.drafter.inject_kv(aux, verify.positions, commit.reshape(-1), self.draft_pool)
         new_len = acc.finalize(accept_len, seq_lens)
         bonus = out_tokens.gather(1, (accept_len.long() - 1)[:, None]).squeeze(1)
@@ -142,7 +192,7 @@ class SpecDecoder:
             accept_len=accept_len,
             kv_len=new_len,
             logprobs=self.sampling.window_logprobs(logits, out_tokens, reqs),
-            draft_len=torch.full((batch,), gamma, dtype=torch.int32, device=device),
+            draft_len=torch.full((batch,), gamma, dtype=torch.int32, device=rows_d.device),
         )
 
     def _grammar_rows_commit_one(

@@ -57,6 +57,61 @@ class DeviceStepOutput(NamedTuple):
         )
 
 
+def _pad(t: torch.Tensor, dim: int, size: int, value: float) -> torch.Tensor:
+    """`t` padded with `value` along `dim` up to `size` (host-known shapes only)."""
+    if t.shape[dim] == size:
+        return t
+    shape = list(t.shape)
+    shape[dim] = size - shape[dim]
+    return torch.cat((t, t.new_full(shape, value)), dim=dim)
+
+
+def _stack_logprobs(
+    first: StepLogprobs | None, rows_first: int, second: StepLogprobs | None, rows_second: int, width: int
+) -> StepLogprobs | None:
+    """Rows of `first` then `second`, padded to `width` columns and the wider top-N; a side
+    without logprobs gets zero rows (no row of it asked)."""
+    if first is None and second is None:
+        return None
+    present = first if first is not None else second
+    assert present is not None
+    top = max(lp.top_ids.shape[-1] for lp in (first, second) if lp is not None)
+    parts = []
+    for lp, rows in ((first, rows_first), (second, rows_second)):
+        if lp is None:
+            lp = StepLogprobs(
+                present.logprob.new_zeros((rows, width)),
+                present.top_ids.new_zeros((rows, width, top)),
+                present.top_logprobs.new_zeros((rows, width, top)),
+            )
+        parts.append(
+            StepLogprobs(
+                _pad(lp.logprob, 1, width, 0.0),
+                _pad(_pad(lp.top_ids, 1, width, 0), 2, top, 0),
+                _pad(_pad(lp.top_logprobs, 1, width, 0.0), 2, top, 0.0),
+            )
+        )
+    return StepLogprobs(*(torch.cat(fields) for fields in zip(*parts, strict=True)))
+
+
+def concat_rows(decode: DeviceStepOutput, chunks: DeviceStepOutput) -> DeviceStepOutput:
+    """A mixed step's outputs: the decode rows' [B, W] then the chunks' [C, 1], the chunks
+    padded to W columns with -1 (and draft length 0); prompt logprobs are the chunks'."""
+    width = decode.tokens.shape[1]
+    rows_d, rows_c = decode.tokens.shape[0], chunks.tokens.shape[0]
+    draft_len = None
+    if decode.draft_len is not None:
+        draft_len = torch.cat((decode.draft_len, decode.draft_len.new_zeros(rows_c)))
+    return DeviceStepOutput(
+        tokens=torch.cat((decode.tokens, _pad(chunks.tokens, 1, width, -1))),
+        accept_len=torch.cat((decode.accept_len, chunks.accept_len)),
+        kv_len=torch.cat((decode.kv_len, chunks.kv_len)),
+        logprobs=_stack_logprobs(decode.logprobs, rows_d, chunks.logprobs, rows_c, width),
+        draft_len=draft_len,
+        prompt_logprobs=chunks.prompt_logprobs,
+    )
+
+
 @dataclass(frozen=True)
 class StepResult:
     """Host copies of one step's `DeviceStepOutput`."""

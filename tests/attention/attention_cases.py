@@ -35,13 +35,15 @@ class AttentionCase:
 
 # name -> (uniform, causal). decode: 1 row each; verify: a causal W-token window; drafter: a
 # non-causal gamma block; ragged: prefill from empty, chunked-prefill extends, decode rows
-# and an idle request (extend 0) in one batch.
+# and an idle request (extend 0) in one batch; mixed: a mixed step's forward, decode rows
+# (1 token) or verify windows (W) first, then chunks longer than a query tile.
 SCENARIOS: dict[str, tuple[bool, bool]] = {
     "decode": (True, True),
     "verify": (True, True),
     "drafter": (True, False),
     "ragged-causal": (False, True),
     "ragged-noncausal": (False, False),
+    "mixed": (False, True),
 }
 
 
@@ -54,6 +56,12 @@ def scenario_case(name: str, seed: int, max_len: int = 40, **kwargs) -> Attentio
         extend = [1] * batch
         prefix = [rng.randint(0, max_len) for _ in range(batch)]
         prefix[rng.randrange(batch)] = 0  # a one-token prompt
+    elif name == "mixed":
+        rows = rng.randint(2, 5)
+        window = rng.choice([1, rng.randint(2, 8)])  # plain decode rows or DSpark windows
+        chunks = [rng.randint(max_len // 2, 2 * max_len), rng.randint(1, max_len)]
+        extend = [window] * rows + chunks
+        prefix = [rng.randint(1, 2 * max_len) for _ in range(rows)] + [0, rng.randint(1, max_len)]
     elif name in ("verify", "drafter"):
         window = rng.randint(2, 8)
         extend = [window] * batch

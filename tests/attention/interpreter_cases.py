@@ -121,6 +121,8 @@ def test_split_kv_kernel(scenario: str, group: int, page_size: int, num_splits: 
         ("ragged-causal", 4, 16),
         ("ragged-noncausal", 3, 1),
         ("ragged-noncausal", 4, 16),
+        ("mixed", 3, 16),
+        ("mixed", 4, 1),
         ("verify", 3, 16),
         ("drafter", 4, 1),
         ("decode", 3, 16),
@@ -149,7 +151,7 @@ def test_kernels_real_head_dims(head_dim: int, seed: int):
     check(decode, out)
 
 
-@pytest.mark.parametrize("scenario", ["decode", "verify", "ragged-causal", "drafter"])
+@pytest.mark.parametrize("scenario", ["decode", "verify", "ragged-causal", "drafter", "mixed"])
 def test_triton_backend_forward(scenario: str, seed: int):
     """Store + kernel choice as the model calls it (half-precision, default tiles)."""
     case = scenario_case(scenario, seed, num_q_heads=6, num_kv_heads=2, page_size=16, dtype=torch.float16)
@@ -188,4 +190,4 @@ def test_num_kv_splits_uses_host_bounds_only():
 
 
 def test_scenarios_cover_every_kind():
-    assert set(SCENARIOS) == {"decode", "verify", "drafter", "ragged-causal", "ragged-noncausal"}
+    assert set(SCENARIOS) == {"decode", "verify", "drafter", "ragged-causal", "ragged-noncausal", "mixed"}

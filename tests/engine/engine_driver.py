@@ -31,15 +31,19 @@ def run(
     prompts: Sequence[Sequence[int]],
     params: SamplingParams | Sequence[SamplingParams],
     max_steps: int = 100_000,
+    arrival_steps: Sequence[int] | None = None,
 ) -> list[Finished]:
-    """Add every prompt at once, step until all finish, return results in prompt order."""
+    """Add every prompt at once (or prompt i before step `arrival_steps[i]`), step until all
+    finish, return results in prompt order."""
     plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
     ids = [f"req-{next(_ids)}" for _ in prompts]
-    for request_id, prompt, p in zip(ids, prompts, plist, strict=True):
-        engine.add_request(request_id, list(prompt), p)
+    arrivals = list(arrival_steps) if arrival_steps is not None else [0] * len(prompts)
     collected: dict[str, list[RequestOutput]] = {i: [] for i in ids}
     done: dict[str, Finished] = {}
-    for _ in range(max_steps):
+    for step in range(max_steps):
+        for request_id, prompt, p, arrival in zip(ids, prompts, plist, arrivals, strict=True):
+            if arrival == step:
+                engine.add_request(request_id, list(prompt), p)
         if len(done) == len(ids):
             break
         for out in engine.step():

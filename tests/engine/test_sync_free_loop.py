@@ -1,6 +1,7 @@
-"""The whole step loop (prefill, decode; with DSpark: draft, verify, accept, commit, KV
-injection) runs under the sync guard: the only host/device synchronisation is the one
-permitted wait per step, on the previous step's output copy."""
+"""The whole step loop (prefill, decode, mixed steps of both; with DSpark: draft, verify,
+accept, commit, KV injection) runs under the sync guard, with either scheduling policy:
+the only host/device synchronisation is the one permitted wait per step, on the previous
+step's output copy."""
 
 from __future__ import annotations
 
@@ -36,11 +37,13 @@ def _guarded_run(engine, prompts) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize(
-    ("speculative", "max_batch_size"),
-    [(False, None), (True, None), (True, 3)],
-    ids=["plain", "dspark", "dspark-capped"],  # capped: batches over 3 decode without drafting
+    ("speculative", "max_batch_size", "scheduling"),
+    [(False, None, "mixed"), (False, None, "alternating"), (True, None, "mixed"), (True, 3, "mixed")],
+    ids=["plain", "plain-alternating", "dspark", "dspark-capped"],  # capped: batches over 3 decode without drafting
 )
-def test_step_loop_passes_the_cpu_sync_guard(make_engine, tmp_path_factory, smollm, speculative, max_batch_size):
+def test_step_loop_passes_the_cpu_sync_guard(
+    make_engine, tmp_path_factory, smollm, speculative, max_batch_size, scheduling
+):
     spec = (
         SpeculativeConfig(
             drafter=str(random_drafter_dir(tmp_path_factory.mktemp("d"), smollm)), max_batch_size=max_batch_size
@@ -48,11 +51,12 @@ def test_step_loop_passes_the_cpu_sync_guard(make_engine, tmp_path_factory, smol
         if speculative
         else None
     )
-    engine = make_engine(max_num_batched_tokens=32, speculative=spec)
+    engine = make_engine(max_num_batched_tokens=32, speculative=spec, scheduling=scheduling)
     prompts = [chat_ids(engine, c) for c in CHAT_PROMPTS[:4] + CHAT_PROMPTS[17:19]]
     steps, waits = _guarded_run(engine, prompts)
     # One wait per step that had a predecessor in flight: never more than one per step.
     assert 0 < waits <= steps
+    assert (engine.stats().mixed_steps_total > 0) == (scheduling == "mixed")
     assert engine.kv.usage().used_slots == 0
 
 

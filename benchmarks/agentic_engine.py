@@ -1,0 +1,230 @@
+"""Agentic serving load on the offline engine: mixed against alternating scheduling in one run.
+
+    python benchmarks/agentic_engine.py [--device cpu|cuda] [--model smollm2-135m|PATH]
+        [--sessions 8,16] [--shared-prefix 256] [--turns 3] [--turn-tokens 32,96]
+        [--output-tokens 16,48] [--seed 0] [--scheduling both|mixed|alternating]
+        [--max-num-batched-tokens 256] [--out results.json]
+
+The workload (seeded, identical for both policies): `sessions` concurrent sessions share a
+system prompt of `shared-prefix` token ids; each runs `turns` turns in a closed loop. A turn
+sends the session's whole history (system prompt, earlier turns, earlier outputs) plus a
+new user message of U ~ uniform(turn-tokens) ids and decodes exactly O ~ uniform(
+output-tokens) tokens (greedy, EOS ignored); when it finishes, the session's next turn is
+submitted at once. All sessions start together (the cold burst: their shared prefix is not
+cached yet). Token ids are drawn from the vocabulary's lower half, so any model serves.
+
+Per policy: output tokens/s over the run's wall time, TTFT mean/p50/p90 (submission to
+first token), TPOT mean/p99 (per request: (finish - first token) / (O - 1)), engine steps,
+mixed steps, prefill tokens computed, host ms per step (time inside EngineCore.step; on a
+GPU the device runs in parallel, on CPU the host does the work). One untimed warm-up turn
+runs first on each engine. Timed policies alternate per concurrency level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.config import EngineConfig  # noqa: E402
+from engine.core import EngineCore  # noqa: E402
+from engine.engine_setup import build_engine_parts  # noqa: E402
+from engine.loader.load import LoadedModel, load_model  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Workload:
+    sessions: int
+    shared_prefix: int
+    turns: int
+    turn_tokens: tuple[int, int]
+    output_tokens: tuple[int, int]
+    seed: int
+
+
+@dataclass
+class Session:
+    history: list[int]
+    turns: list[tuple[list[int], int]]  # per turn: the new user ids, the output length
+    done: int = 0
+
+
+def make_sessions(load: Workload, vocab_size: int) -> list[Session]:
+    rng = random.Random(load.seed)
+    high = vocab_size // 2
+
+    def ids(n: int) -> list[int]:
+        return [rng.randrange(3, high) for _ in range(n)]
+
+    system = ids(load.shared_prefix)
+    return [
+        Session(
+            history=list(system),
+            turns=[(ids(rng.randint(*load.turn_tokens)), rng.randint(*load.output_tokens)) for _ in range(load.turns)],
+        )
+        for _ in range(load.sessions)
+    ]
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    scheduling: str
+    sessions: int
+    wall_s: float
+    output_tokens: int
+    output_tokens_per_s: float
+    ttft_mean_ms: float
+    ttft_p50_ms: float
+    ttft_p90_ms: float
+    tpot_mean_ms: float
+    tpot_p99_ms: float
+    steps: int
+    mixed_steps: int
+    prefill_tokens_computed: int
+    prefix_cache_hits: int
+    host_ms_per_step: float
+
+
+def run_policy(engine: EngineCore, load: Workload, scheduling: str) -> PolicyResult:
+    sessions = make_sessions(load, engine.model_config.vocab_size)
+    submitted: dict[str, tuple[int, float, int]] = {}  # request id -> session, submit time, O
+
+    def submit(index: int) -> None:
+        session = sessions[index]
+        user, out_len = session.turns[session.done]
+        session.history.extend(user)
+        request_id = f"s{index}-t{session.done}"
+        params = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True)
+        submitted[request_id] = (index, time.perf_counter(), out_len)
+        engine.add_request(request_id, list(session.history), params)
+
+    before = engine.stats()
+    ttft, tpot = [], []
+    output_tokens = 0
+    step_s = 0.0
+    start = time.perf_counter()
+    for index in range(len(sessions)):
+        submit(index)
+    while engine.has_unfinished_requests():
+        t0 = time.perf_counter()
+        outputs = engine.step()
+        step_s += time.perf_counter() - t0
+        for out in outputs:
+            if not out.finished:
+                continue
+            index, submit_s, out_len = submitted.pop(out.request_id)
+            timings = out.timings
+            assert timings is not None and timings.first_token_s is not None and timings.finished_s is not None
+            ttft.append(timings.first_token_s - submit_s)
+            if out_len > 1:
+                tpot.append((timings.finished_s - timings.first_token_s) / (out_len - 1))
+            output_tokens += len(out.token_ids)
+            session = sessions[index]
+            session.history.extend(out.token_ids)
+            session.done += 1
+            if session.done < len(session.turns):
+                submit(index)
+    wall = time.perf_counter() - start
+    after = engine.stats()
+    steps = after.steps_total - before.steps_total
+    return PolicyResult(
+        scheduling=scheduling,
+        sessions=load.sessions,
+        wall_s=wall,
+        output_tokens=output_tokens,
+        output_tokens_per_s=output_tokens / wall,
+        ttft_mean_ms=1e3 * float(np.mean(ttft)),
+        ttft_p50_ms=1e3 * float(np.percentile(ttft, 50)),
+        ttft_p90_ms=1e3 * float(np.percentile(ttft, 90)),
+        tpot_mean_ms=1e3 * float(np.mean(tpot)),
+        tpot_p99_ms=1e3 * float(np.percentile(tpot, 99)),
+        steps=steps,
+        mixed_steps=after.mixed_steps_total - before.mixed_steps_total,
+        prefill_tokens_computed=after.prefill_tokens_computed_total - before.prefill_tokens_computed_total,
+        prefix_cache_hits=after.prefix_cache_hits_total - before.prefix_cache_hits_total,
+        host_ms_per_step=1e3 * step_s / max(steps, 1),
+    )
+
+
+def build_engine(loaded: LoadedModel, args: argparse.Namespace, scheduling: str, max_num_seqs: int) -> EngineCore:
+    config = EngineConfig(
+        model=str(loaded.source.name),
+        device=args.device,
+        max_model_len=args.max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_memory_bytes=args.kv_cache_bytes,
+        scheduling=scheduling,  # type: ignore[arg-type]
+    )
+    return EngineCore(config, parts=build_engine_parts(config, loaded=loaded))
+
+
+def _pair(text: str) -> tuple[int, int]:
+    low, high = (int(x) for x in text.split(","))
+    return low, high
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on a GPU")
+    parser.add_argument("--sessions", default="8,16", help="concurrency levels, comma-separated")
+    parser.add_argument("--shared-prefix", type=int, default=256)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--turn-tokens", type=_pair, default=(32, 96))
+    parser.add_argument("--output-tokens", type=_pair, default=(16, 48))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scheduling", choices=["both", "mixed", "alternating"], default="both")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=256)
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--kv-cache-bytes", type=int, default=1 << 30)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.float32 if args.device == "cpu" else torch.bfloat16)
+    loaded = load_model(args.model, dtype=dtype, device=args.device, progress=False)
+    policies = ["alternating", "mixed"] if args.scheduling == "both" else [args.scheduling]
+    results: list[dict[str, Any]] = []
+    for sessions in (int(s) for s in args.sessions.split(",")):
+        load = Workload(sessions, args.shared_prefix, args.turns, args.turn_tokens, args.output_tokens, args.seed)
+        for policy in policies:
+            engine = build_engine(loaded, args, policy, max_num_seqs=sessions)
+            warm = Workload(min(2, sessions), 16, 1, (8, 8), (4, 4), args.seed + 1)
+            run_policy(engine, warm, policy)
+            result = run_policy(engine, load, policy)
+            results.append(asdict(result))
+            print(
+                f"sessions={sessions:4d} {policy:12s} {result.output_tokens_per_s:8.1f} tok/s  "
+                f"TTFT mean/p50/p90 {result.ttft_mean_ms:7.0f}/{result.ttft_p50_ms:7.0f}/{result.ttft_p90_ms:7.0f} ms  "
+                f"TPOT mean/p99 {result.tpot_mean_ms:6.1f}/{result.tpot_p99_ms:6.1f} ms  "
+                f"steps {result.steps} (mixed {result.mixed_steps})  "
+                f"prefill computed {result.prefill_tokens_computed}  "
+                f"host {result.host_ms_per_step:.1f} ms/step",
+                flush=True,
+            )
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": platform.platform(),
+        "processor": platform.processor(),
+        "torch_threads": torch.get_num_threads(),
+        "argv": sys.argv,
+    }
+    if args.out is not None:
+        args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
