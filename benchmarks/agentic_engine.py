@@ -1,6 +1,6 @@
 """Agentic serving load on the offline engine: mixed against alternating scheduling in one run.
 
-    python benchmarks/agentic_engine.py [--device cpu|cuda] [--model smollm2-135m|PATH]
+    python benchmarks/agentic_engine.py [--device cpu|cuda] [--model smollm2-135m|PATH|random-llama3-8b]
         [--sessions 8,16] [--shared-prefix 256] [--turns 3] [--turn-tokens 32,96]
         [--output-tokens 16,48] [--seed 0] [--scheduling both|mixed|alternating]
         [--max-num-batched-tokens 256] [--out results.json]
@@ -41,7 +41,10 @@ from engine.config import EngineConfig  # noqa: E402
 from engine.core import EngineCore  # noqa: E402
 from engine.engine_setup import build_engine_parts  # noqa: E402
 from engine.loader.load import LoadedModel, load_model  # noqa: E402
+from engine.loader.resolve import ModelSource  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
+
+RANDOM_8B = "random-llama3-8b"
 
 
 @dataclass(frozen=True)
@@ -179,7 +182,7 @@ def _pair(text: str) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model", default="smollm2-135m", help=f"alias, path, or {RANDOM_8B} (CUDA)")
     parser.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on a GPU")
     parser.add_argument("--sessions", default="8,16", help="concurrency levels, comma-separated")
     parser.add_argument("--shared-prefix", type=int, default=256)
@@ -195,7 +198,7 @@ def main() -> None:
     args = parser.parse_args()
 
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.float32 if args.device == "cpu" else torch.bfloat16)
-    loaded = load_model(args.model, dtype=dtype, device=args.device, progress=False)
+    loaded = _load(args.model, dtype, args.device)
     policies = ["alternating", "mixed"] if args.scheduling == "both" else [args.scheduling]
     results: list[dict[str, Any]] = []
     for sessions in (int(s) for s in args.sessions.split(",")):
@@ -224,6 +227,19 @@ def main() -> None:
     }
     if args.out is not None:
         args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+
+
+def _load(model: str, dtype: torch.dtype, device: str) -> LoadedModel:
+    """A model by alias or path, or RANDOM_8B: engine_gpu's Llama-3-8B-shaped model with random
+    weights and a word tokenizer, built on the GPU (speed does not depend on weight values)."""
+    if model != RANDOM_8B:
+        return load_model(model, dtype=dtype, device=device, progress=False)
+    if device != "cuda":
+        raise SystemExit(f"--model {RANDOM_8B} is built on the GPU: pass --device cuda")
+    from benchmarks.engine_gpu import LLAMA3_8B, random_model, word_tokenizer
+
+    source = ModelSource(name=RANDOM_8B, kind="hf", path=Path("."))
+    return LoadedModel(random_model(LLAMA3_8B, dtype), LLAMA3_8B, word_tokenizer(LLAMA3_8B.vocab_size), source)
 
 
 if __name__ == "__main__":
