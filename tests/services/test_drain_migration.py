@@ -5,11 +5,9 @@ text of an undisturbed run, and the drained worker is left empty."""
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
@@ -19,8 +17,9 @@ from services.gateway import GatewayConfig, create_app
 from services.gateway.pool import PoolConfig, StaticDiscovery
 from services.workers.client import LocalWorkerClient
 from services.workers.engine_loop import EngineLoop
-from tests.services.conftest import MODEL, chat_token_ids, colocated_loop, greedy_reference, test_engine_config
+from tests.services.conftest import chat_token_ids, colocated_loop, greedy_reference, test_engine_config
 from tests.services.serving import serve, wait_ready
+from tests.services.stack import stream_story
 
 STORIES = [f"Tell a long story number {i}." for i in range(6)]
 STORY_TOKENS = 64
@@ -50,36 +49,13 @@ def two_workers(loop: EngineLoop, second_engine: EngineCore, stories: list[str])
         other.shutdown()
 
 
-def stream(url: str, question: str, progress: list[int], i: int) -> str:
-    body: dict[str, Any] = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": question}],
-        "max_tokens": STORY_TOKENS,
-        "temperature": 0,
-        "stream": True,
-        "ignore_eos": True,
-    }
-    text = ""
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=300) as response:
-        assert response.status_code == 200
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            payload = json.loads(line.removeprefix("data: "))
-            assert "error" not in payload, payload
-            for choice in payload["choices"]:
-                text += choice["delta"].get("content") or ""
-                progress[i] = len(text)
-    return text
-
-
 def test_a_drained_worker_hands_its_streams_to_the_other(
     two_workers: tuple[str, EngineLoop], loop: EngineLoop, stories: list[str]
 ) -> None:
     url, other = two_workers
     progress = [0] * len(STORIES)
     with concurrent.futures.ThreadPoolExecutor(len(STORIES)) as pool:
-        futures = [pool.submit(stream, url, q, progress, i) for i, q in enumerate(STORIES)]
+        futures = [pool.submit(stream_story, url, q, STORY_TOKENS, progress, i) for i, q in enumerate(STORIES)]
         deadline = time.monotonic() + 120
         while min(progress) < 8:
             assert time.monotonic() < deadline, progress
