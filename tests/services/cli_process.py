@@ -111,7 +111,8 @@ def stream_events(
     url: str, max_tokens: int, started: threading.Event, question: str = "Tell a long story."
 ) -> list[str]:
     """A greedy streaming chat request, read to the end of the body: the `data:` payloads in order
-    (the last is "[DONE]" unless the body was cut). `started` is set at the first content."""
+    (the last is "[DONE]" unless the body was cut). `started` is set at the first generated text
+    (not at the role chunk, whose content is empty: the request may still wait for its prefill)."""
     body: dict[str, Any] = {
         "model": MODEL,
         "messages": [{"role": "user", "content": question}],
@@ -126,6 +127,6 @@ def stream_events(
         for line in response.iter_lines():
             if line.startswith("data: "):
                 events.append(line.removeprefix("data: "))
-                if '"content":"' in line:
+                if '"content":"' in line and '"content":""' not in line:
                     started.set()
     return events

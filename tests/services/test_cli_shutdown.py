@@ -30,17 +30,27 @@ GRACE_S = 3.0
 EXIT_MARGIN_S = 30.0
 
 
-def test_sigterm_drains_the_up_process_and_it_exits_with_its_ray_cluster(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "topology",
+    [
+        pytest.param(("--colocated",), id="colocated"),
+        # the default `up`: a request also waits in the prefill queue and the KV hand-off
+        pytest.param(("--prefill-workers", "1", "--decode-workers", "1"), id="disaggregated", marks=pytest.mark.slow),
+    ],
+)
+def test_sigterm_drains_the_up_process_and_it_exits_with_its_ray_cluster(
+    topology: tuple[str, ...], tmp_path: Path
+) -> None:
     port = free_port()
     log = tmp_path / "up.log"
     url = f"http://127.0.0.1:{port}"
     with dspark_serve(
         "up",
-        "--colocated",
+        *topology,
         "--port",
         str(port),
         "--num-cpus",
-        "2",
+        "4",
         "--max-num-seqs",
         "16",
         "--kv-cache-memory-bytes",
