@@ -87,6 +87,7 @@ def test_dspark_serve_drain_moves_the_named_workers_streams_to_the_other(ray_clu
             drain = run_drain([*cluster, "--worker", VICTIM, "--shutdown-grace", str(GRACE_S)])
             assert drain.returncode == 0, drain.stderr[-3000:]
             assert f"dspark-serve drain: {VICTIM} drained" in drain.stdout
+            assert ray.get(victim.stats.remote(), timeout=30).num_held == 0  # at once: `ray stop` may follow
             texts = [f.result(timeout=600) for f in futures]
 
         assert texts == undisturbed

@@ -4,6 +4,7 @@ text of an undisturbed run, and the drained worker is left empty."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
 import time
@@ -13,9 +14,11 @@ import httpx
 import pytest
 
 from engine.core import EngineCore
+from engine.sampling_params import SamplingParams
 from services.gateway import GatewayConfig, create_app
 from services.gateway.pool import PoolConfig, StaticDiscovery
 from services.workers.client import LocalWorkerClient
+from services.workers.drain import drain_within
 from services.workers.engine_loop import EngineLoop
 from tests.services.conftest import chat_token_ids, colocated_loop, greedy_reference, test_engine_config
 from tests.services.serving import serve, wait_ready
@@ -78,3 +81,24 @@ def test_a_drained_worker_hands_its_streams_to_the_other(
     while loop.engine.requests or other.engine.requests:
         assert time.monotonic() < deadline, "requests left on a worker"
         time.sleep(0.05)
+
+
+def test_a_drain_returns_once_its_worker_has_handed_everything_back(second_engine: EngineCore) -> None:
+    """What `dspark-serve drain` waits for before the pod's `ray stop`: when the drain returns,
+    the worker holds nothing and the hand-back is in its gateway's outbox."""
+    worker = colocated_loop(second_engine, "local-2")
+    try:
+        params = SamplingParams(max_tokens=2000, temperature=0.0, ignore_eos=True)
+        prompt = chat_token_ids(second_engine, "Tell a long story.")
+        assert worker.add_request("gw", "held-0", prompt, params).result(timeout=60).ok
+        deadline = time.monotonic() + 60
+        while worker.stats().engine.num_running == 0:
+            assert time.monotonic() < deadline, "the request never ran"
+            time.sleep(0.02)
+
+        asyncio.run(drain_within(worker, grace_s=0.0))
+        assert worker.stats().num_held == 0  # at once: the drain returned after the hand-back
+        events = asyncio.run(worker.poll("gw", timeout_s=5.0)).events
+        assert events[-1].output.request_id == "held-0" and events[-1].output.finish_reason == "migrate"
+    finally:
+        worker.shutdown()
