@@ -14,11 +14,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import ray
 
+from services.workers.types import StatsSnapshot
 from tests.services.cli_process import ROOT, dspark_serve, wait_for_line
 from tests.services.conftest import KV_BYTES
 from tests.services.serving import free_port
@@ -49,6 +51,11 @@ def run_drain(args: list[str]) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
+
+
+def stats_of(worker: Any) -> StatsSnapshot:
+    stats: StatsSnapshot = ray.get(worker.stats.remote(), timeout=30)
+    return stats
 
 
 def drain_migrations(url: str) -> float:
@@ -86,21 +93,21 @@ def test_dspark_serve_drain_moves_the_named_workers_streams_to_the_other(ray_clu
                 assert time.monotonic() < deadline, progress
                 time.sleep(0.02)
             # prefix affinity may put every story on one worker, either one: drain the busier
-            held = {name: ray.get(h.stats.remote(), timeout=30).num_held for name, h in handles.items()}
+            held = {name: stats_of(h).num_held for name, h in handles.items()}
             victim_name = max(held, key=lambda name: held[name])
             victim = handles[victim_name]
             assert held[victim_name] > 0, held
             drain = run_drain([*cluster, "--worker", victim_name, "--shutdown-grace", str(GRACE_S)])
             assert drain.returncode == 0, drain.stderr[-3000:]
             assert f"dspark-serve drain: {victim_name} drained" in drain.stdout
-            assert ray.get(victim.stats.remote(), timeout=30).num_held == 0  # at once: `ray stop` may follow
+            assert stats_of(victim).num_held == 0  # at once: `ray stop` may follow
             texts = [f.result(timeout=600) for f in futures]
 
         assert texts == undisturbed
         assert drain_migrations(url) >= 1
         deadline = time.monotonic() + 30
         while True:
-            stats = ray.get(victim.stats.remote(), timeout=30)
+            stats = stats_of(victim)
             if stats.num_held == 0 and stats.engine.num_running == 0 and stats.engine.kv_used_slots == 0:
                 break
             assert time.monotonic() < deadline, f"the drained worker still holds work: {stats}"
