@@ -5,6 +5,10 @@ Each worker of the deployment whose node is this host stops taking requests (eve
 routes around it), then has --shutdown-grace seconds to finish what it holds; what is still
 running then goes back to its gateway, which moves it to another worker as a continuation.
 Returns once every worker here is empty, so that `ray stop` after it cuts nothing.
+
+`--worker NAME` drains the named workers instead, wherever they run: one replica of a node that
+hosts several (a machine of several GPUs, `dspark-serve up`), to retire it or take it out of
+service, while its neighbours keep serving.
 """
 
 from __future__ import annotations
@@ -32,6 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=socket.gethostname(),
         help="drain the workers on the node of this hostname (default: this one, %(default)s)",
     )
+    parser.add_argument(
+        "--worker",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="drain the worker actor of this name (e.g. dspark-worker-1; repeatable) instead of every worker on --host",
+    )
     parser.add_argument("--log-level", default="info", help="debug, info, warning (default: %(default)s)")
     add_ray_options(parser, address_default="auto")
 
@@ -44,12 +55,22 @@ def run(args: argparse.Namespace) -> int:
     from services.workers.types import WorkerInfo
 
     connect_ray(args.ray_address, args.namespace)
-    handles = [ray.get_actor(name) for name in sorted(list_workers(args.deployment))]
-    infos: list[WorkerInfo] = ray.get([h.info.remote() for h in handles], timeout=30)
-    here = [(h, info.replica_id) for h, info in zip(handles, infos, strict=True) if info.host == args.host]
-    if not here:
-        print(f"dspark-serve drain: no workers of {args.deployment!r} on {args.host}", flush=True)
-        return 0
+    deployed = sorted(list_workers(args.deployment))
+    if args.worker:
+        unknown = sorted(set(args.worker) - set(deployed))
+        if unknown:
+            raise SystemExit(
+                f"dspark-serve drain: no worker named {', '.join(unknown)} in deployment {args.deployment!r} "
+                f"(namespace {args.namespace!r}; its workers: {', '.join(deployed) or 'none'})"
+            )
+        here = [(ray.get_actor(name), name) for name in sorted(set(args.worker))]
+    else:
+        handles = [ray.get_actor(name) for name in deployed]
+        infos: list[WorkerInfo] = ray.get([h.info.remote() for h in handles], timeout=30)
+        here = [(h, info.replica_id) for h, info in zip(handles, infos, strict=True) if info.host == args.host]
+        if not here:
+            print(f"dspark-serve drain: no workers of {args.deployment!r} on {args.host}", flush=True)
+            return 0
     names = ", ".join(name for _, name in here)
     log.info("draining %s (grace %.0f s)", names, args.shutdown_grace)
     ray.get([h.drain.remote(args.shutdown_grace) for h, _ in here], timeout=args.shutdown_grace + 30)
@@ -59,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
 COMMAND = Command(
     "drain",
-    "drain this node's workers: no new requests, a grace to finish, the rest moved elsewhere",
+    "drain this node's (or the named) workers: no new requests, a grace to finish, the rest moved elsewhere",
     add_arguments,
     run,
     order=3,

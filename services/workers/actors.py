@@ -18,6 +18,7 @@ import ray
 from engine.config import EngineConfig
 from engine.handoff import Continuation
 from engine.sampling_params import SamplingParams
+from services.workers.drain import drain_within
 from services.workers.engine_loop import EngineLoop
 from services.workers.transfer import TransferTicket, make_transfer
 from services.workers.types import Ack, PollResult, Role, StatsSnapshot, WorkerInfo
@@ -108,18 +109,12 @@ class _EngineWorker:
     async def drain(self, grace_s: float | None = None) -> None:
         """Take no new requests. With `grace_s`, return once the held requests have finished
         or, after `grace_s` seconds, have been handed back to their gateways to move
-        elsewhere (docs/design.md §6.9); without it, return at once (the planner waits)."""
-        import asyncio
-        import time
-
-        self._loop.drain()
+        elsewhere (`drain_within`, docs/design.md §6.9); without it, return at once (the
+        planner waits)."""
         if grace_s is None:
+            self._loop.drain()
             return
-        deadline = time.monotonic() + grace_s
-        while self._loop.stats().num_held and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
-        if self._loop.stats().num_held:
-            self._loop.evict()
+        await drain_within(self._loop, grace_s)
 
 
 @ray.remote

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -163,3 +164,28 @@ def disconnects_and_streams(stack: Stack, questions: Sequence[str], max_tokens: 
         for quitter in quitters:
             quitter.result()
         return [f.result() for f in finishers]
+
+
+def stream_story(url: str, question: str, max_tokens: int, progress: list[int], i: int) -> str:
+    """A greedy streaming chat answer of exactly `max_tokens` tokens (ignore_eos), read as raw SSE;
+    `progress[i]` follows the characters received. No event may be an error."""
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    text = ""
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=300) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            payload = json.loads(line.removeprefix("data: "))
+            assert "error" not in payload, payload
+            for choice in payload["choices"]:
+                text += choice["delta"].get("content") or ""
+                progress[i] = len(text)
+    return text

@@ -3,58 +3,17 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import openai
 import pytest
 
+from tests.services.cli_process import dspark_serve, ray_head, wait_for_line
 from tests.services.conftest import MODEL
 from tests.services.serving import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@contextmanager
-def dspark_serve(*args: str, log: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[str]]:
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1", **(env or {})}
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", *args],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        try:
-            yield process
-        finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGINT)
-                try:
-                    process.wait(90)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-
-
-def wait_for_line(log: Path, prefix: str, process: subprocess.Popen[str], timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for line in log.read_text().splitlines():
-            if line.startswith(prefix):
-                return line
-        if process.poll() is not None:
-            break
-        time.sleep(0.5)
-    raise AssertionError(f"no line starting with {prefix!r}; log tail:\n{log.read_text()[-3000:]}")
 
 
 def ask(port: int) -> str:
@@ -89,27 +48,9 @@ def test_up_serves_and_shuts_down_cleanly(tmp_path: Path) -> None:
 
 
 def test_worker_and_gateway_join_an_existing_cluster(tmp_path: Path) -> None:
-    head_port = free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    # a cluster of our own, stopped through its own process (never `ray stop`: other clusters run here)
-    head = subprocess.Popen(
-        [
-            "ray",
-            "start",
-            "--head",
-            "--block",
-            f"--port={head_port}",
-            "--num-cpus=4",
-            "--include-dashboard=false",
-            "--disable-usage-stats",
-        ],
-        env=env,
-        stdout=(tmp_path / "head.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    try:
+    with ray_head(free_port(), tmp_path / "head.log") as address:
         options = {
-            "DSPARK_RAY_ADDRESS": f"127.0.0.1:{head_port}",
+            "DSPARK_RAY_ADDRESS": address,
             "DSPARK_NAMESPACE": "cli-test",
             "DSPARK_DEPLOYMENT": "cli",
             "DSPARK_KV_CACHE_MEMORY_BYTES": str(512 * 1024 * 1024),
@@ -123,9 +64,3 @@ def test_worker_and_gateway_join_an_existing_cluster(tmp_path: Path) -> None:
         with dspark_serve("gateway", "--port", str(port), log=gateway_log, env=options) as gateway:
             wait_for_line(gateway_log, "dspark-serve ready:", gateway, 300)
             assert ask(port)
-    finally:
-        head.send_signal(signal.SIGTERM)
-        try:
-            head.wait(60)
-        except subprocess.TimeoutExpired:
-            head.kill()

@@ -4,23 +4,25 @@ text of an undisturbed run, and the drained worker is left empty."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
-import json
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import pytest
 
 from engine.core import EngineCore
+from engine.sampling_params import SamplingParams
 from services.gateway import GatewayConfig, create_app
 from services.gateway.pool import PoolConfig, StaticDiscovery
 from services.workers.client import LocalWorkerClient
+from services.workers.drain import drain_within
 from services.workers.engine_loop import EngineLoop
-from tests.services.conftest import MODEL, chat_token_ids, colocated_loop, greedy_reference, test_engine_config
+from tests.services.conftest import chat_token_ids, colocated_loop, greedy_reference, test_engine_config
 from tests.services.serving import serve, wait_ready
+from tests.services.stack import stream_story
 
 STORIES = [f"Tell a long story number {i}." for i in range(6)]
 STORY_TOKENS = 64
@@ -50,36 +52,13 @@ def two_workers(loop: EngineLoop, second_engine: EngineCore, stories: list[str])
         other.shutdown()
 
 
-def stream(url: str, question: str, progress: list[int], i: int) -> str:
-    body: dict[str, Any] = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": question}],
-        "max_tokens": STORY_TOKENS,
-        "temperature": 0,
-        "stream": True,
-        "ignore_eos": True,
-    }
-    text = ""
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=300) as response:
-        assert response.status_code == 200
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            payload = json.loads(line.removeprefix("data: "))
-            assert "error" not in payload, payload
-            for choice in payload["choices"]:
-                text += choice["delta"].get("content") or ""
-                progress[i] = len(text)
-    return text
-
-
 def test_a_drained_worker_hands_its_streams_to_the_other(
     two_workers: tuple[str, EngineLoop], loop: EngineLoop, stories: list[str]
 ) -> None:
     url, other = two_workers
     progress = [0] * len(STORIES)
     with concurrent.futures.ThreadPoolExecutor(len(STORIES)) as pool:
-        futures = [pool.submit(stream, url, q, progress, i) for i, q in enumerate(STORIES)]
+        futures = [pool.submit(stream_story, url, q, STORY_TOKENS, progress, i) for i, q in enumerate(STORIES)]
         deadline = time.monotonic() + 120
         while min(progress) < 8:
             assert time.monotonic() < deadline, progress
@@ -102,3 +81,24 @@ def test_a_drained_worker_hands_its_streams_to_the_other(
     while loop.engine.requests or other.engine.requests:
         assert time.monotonic() < deadline, "requests left on a worker"
         time.sleep(0.05)
+
+
+def test_a_drain_returns_once_its_worker_has_handed_everything_back(second_engine: EngineCore) -> None:
+    """What `dspark-serve drain` waits for before the pod's `ray stop`: when the drain returns,
+    the worker holds nothing and the hand-back is in its gateway's outbox."""
+    worker = colocated_loop(second_engine, "local-2")
+    try:
+        params = SamplingParams(max_tokens=2000, temperature=0.0, ignore_eos=True)
+        prompt = chat_token_ids(second_engine, "Tell a long story.")
+        assert worker.add_request("gw", "held-0", prompt, params).result(timeout=60).ok
+        deadline = time.monotonic() + 60
+        while worker.stats().engine.num_running == 0:
+            assert time.monotonic() < deadline, "the request never ran"
+            time.sleep(0.02)
+
+        asyncio.run(drain_within(worker, grace_s=0.0))
+        assert worker.stats().num_held == 0  # at once: the drain returned after the hand-back
+        events = asyncio.run(worker.poll("gw", timeout_s=5.0)).events
+        assert events[-1].output.request_id == "held-0" and events[-1].output.finish_reason == "migrate"
+    finally:
+        worker.shutdown()

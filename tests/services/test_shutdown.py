@@ -21,6 +21,7 @@ from services.gateway.pool import StaticDiscovery
 from services.gateway.server import DrainingServer
 from services.workers.client import LocalWorkerClient
 from services.workers.engine_loop import EngineLoop
+from tests.services.cli_process import stream_events
 from tests.services.conftest import MODEL
 from tests.services.serving import free_port, wait_ready
 
@@ -45,26 +46,6 @@ def running(loop: EngineLoop) -> Iterator[Running]:
     yield Running(server, thread, url)
     server.should_exit = True
     thread.join(30)
-
-
-def stream_events(url: str, max_tokens: int, started: threading.Event) -> list[str]:
-    body = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "Tell me a long story."}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "ignore_eos": True,
-    }
-    events: list[str] = []
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as response:
-        assert response.status_code == 200
-        for line in response.iter_lines():
-            if line.startswith("data: "):
-                events.append(line.removeprefix("data: "))
-                if '"content":"' in line:
-                    started.set()
-    return events
 
 
 def test_sigterm_under_ten_streams_ends_every_stream_with_done(running: Running, loop: EngineLoop) -> None:
