@@ -37,6 +37,15 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 _EMPTY.flags.writeable = False
 
 
+def common_prefix_len(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
+    """Length of the longest common prefix of two token sequences (lists or int arrays)."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    differ = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
+    return int(differ[0]) if differ.size else n
+
+
 class RadixNode:
     """One edge of the tree plus the node under it. Opaque to callers: a handle to `lock`
     and `unlock`. The root has an empty key and is never evicted or locked."""
@@ -301,9 +310,7 @@ class RadixCache:
 
     def _match_len(self, key: np.ndarray, tokens: np.ndarray) -> int:
         """Length of the common prefix of `key` and `tokens`, rounded down to whole pages."""
-        n = min(key.size, tokens.size)
-        mismatch = np.flatnonzero(key[:n] != tokens[:n])
-        common = int(mismatch[0]) if mismatch.size else n
+        common = common_prefix_len(key, tokens)
         return common - common % self.page_size
 
     def _split(self, node: RadixNode, at: int) -> RadixNode:

@@ -10,25 +10,13 @@ one is admitted once the cache holds the shared part, computing only what follow
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import numpy as np
-
 from engine.kv.manager import KVManager
+from engine.kv.radix import common_prefix_len
 from engine.request import Request
 
 # Shared prefixes shorter than this are computed twice rather than waited for: a step's delay
 # is not worth a few tokens of compute (SGLang's threshold is 32 as well).
 MIN_DEFERRED_TOKENS = 32
-
-
-def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    differ = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
-    return int(differ[0]) if differ.size else n
 
 
 def computing_elsewhere(kv: KVManager, fill_ids: list[int], prefilling: list[Request]) -> bool:
