@@ -107,13 +107,9 @@ def still_alive(processes: list[psutil.Process], timeout_s: float) -> list[str]:
     return left
 
 
-def stream_events(
-    url: str, max_tokens: int, started: threading.Event, question: str = "Tell a long story."
-) -> list[str]:
-    """A greedy streaming chat request, read to the end of the body: the `data:` payloads in order
-    (the last is "[DONE]" unless the body was cut). `started` is set at the first generated text
-    (not at the role chunk, whose content is empty: the request may still wait for its prefill)."""
-    body: dict[str, Any] = {
+def greedy_stream_body(question: str, max_tokens: int) -> dict[str, Any]:
+    """A greedy streaming chat request of exactly `max_tokens` tokens (ignore_eos)."""
+    return {
         "model": MODEL,
         "messages": [{"role": "user", "content": question}],
         "max_tokens": max_tokens,
@@ -121,6 +117,15 @@ def stream_events(
         "stream": True,
         "ignore_eos": True,
     }
+
+
+def stream_events(
+    url: str, max_tokens: int, started: threading.Event, question: str = "Tell a long story."
+) -> list[str]:
+    """A greedy streaming chat request, read to the end of the body: the `data:` payloads in order
+    (the last is "[DONE]" unless the body was cut). `started` is set at the first generated text
+    (not at the role chunk, whose content is empty: the request may still wait for its prefill)."""
+    body = greedy_stream_body(question, max_tokens)
     events: list[str] = []
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=300) as response:
         assert response.status_code == 200, response.read()

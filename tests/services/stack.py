@@ -20,6 +20,7 @@ from services.gateway import GatewayConfig, create_app
 from services.gateway.pool import PoolConfig, RayDiscovery
 from services.workers.deploy import WorkerOptions, spawn_workers, wait_ready
 from services.workers.types import Role
+from tests.services.cli_process import greedy_stream_body
 from tests.services.conftest import MODEL, chat_token_ids, greedy_reference, test_engine_config
 from tests.services.serving import serve
 from tests.services.serving import wait_ready as wait_http_ready
@@ -169,14 +170,7 @@ def disconnects_and_streams(stack: Stack, questions: Sequence[str], max_tokens: 
 def stream_story(url: str, question: str, max_tokens: int, progress: list[int], i: int) -> str:
     """A greedy streaming chat answer of exactly `max_tokens` tokens (ignore_eos), read as raw SSE;
     `progress[i]` follows the characters received. No event may be an error."""
-    body: dict[str, Any] = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": question}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "ignore_eos": True,
-    }
+    body = greedy_stream_body(question, max_tokens)
     text = ""
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=300) as response:
         assert response.status_code == 200
