@@ -177,7 +177,7 @@ def new_turn(rng: random.Random, messages: list[dict[str, str]], cfg: LoadConfig
 
 @dataclass
 class LoadRun:
-    """One phase of load: sessions until `stop_at` (time.monotonic()), every stream recorded."""
+    """One phase of load: sessions while `keep_going()`, every stream recorded."""
 
     url: str
     model: str
@@ -187,7 +187,9 @@ class LoadRun:
     limit_s: float  # per stream: the deadline plus the hang margin
     records: list[StreamRecord] = field(default_factory=list)
 
-    async def run(self, stop_at: float, on_record: Callable[[StreamRecord], None] | None = None) -> None:
+    async def run(
+        self, keep_going: Callable[[], bool], on_record: Callable[[StreamRecord], None] | None = None
+    ) -> None:
         workload = AgenticWorkload(
             WorkloadConfig(
                 system_prompt_words=self.cfg.system_prompt_words,
@@ -202,7 +204,7 @@ class LoadRun:
         async with httpx.AsyncClient(timeout=httpx.Timeout(self.limit_s), limits=limits) as client:
             await asyncio.gather(
                 *(
-                    self._sessions(client, workload, random.Random(self.seed * 1000 + i), stop_at, on_record)
+                    self._sessions(client, workload, random.Random(self.seed * 1000 + i), keep_going, on_record)
                     for i in range(self.cfg.sessions)
                 )
             )
@@ -212,12 +214,12 @@ class LoadRun:
         client: httpx.AsyncClient,
         workload: AgenticWorkload,
         rng: random.Random,
-        stop_at: float,
+        keep_going: Callable[[], bool],
         on_record: Callable[[StreamRecord], None] | None,
     ) -> None:
-        while time.monotonic() < stop_at:
+        while keep_going():
             session = workload.new_session()
-            while time.monotonic() < stop_at and (request := session.next_request()) is not None:
+            while keep_going() and (request := session.next_request()) is not None:
                 record = new_turn(rng, request.messages, self.cfg, self.phase)
                 record.body["model"] = self.model
                 self.records.append(record)

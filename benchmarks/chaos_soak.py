@@ -35,6 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+import ray
+
 from benchmarks.chaos_load import OK_OUTCOMES, LoadConfig, LoadRun, StreamRecord, replay_greedy
 from benchmarks.chaos_stack import Fault, Stack, StackConfig, local_ray, running_stack
 from services.cli.options import add_engine_options, engine_config_from_args
@@ -82,12 +85,12 @@ class _Progress:
 
     def record(self, record: StreamRecord) -> None:
         self.counts[record.outcome] += 1
-        if record.outcome not in OK_OUTCOMES:
-            print(f"  {record.phase} stream failed: {record.detail}", file=sys.stderr, flush=True)
+        if record.outcome not in ("completed", "client_aborted"):
+            print(f"  {record.phase} stream {record.outcome}: {record.detail}", file=sys.stderr, flush=True)
 
-    async def run(self, stop_at: float) -> None:
-        while time.monotonic() < stop_at:
-            await asyncio.sleep(min(self.interval_s, max(stop_at - time.monotonic(), 0.0)))
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
             outcomes = ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items()))
             print(
                 f"[{time.monotonic() - self.started:6.1f} s] {self.phase}: {outcomes or 'no stream ended yet'}; "
@@ -97,36 +100,85 @@ class _Progress:
             )
 
 
-def _victim(stack: Stack, role: str, rng: random.Random) -> str:
-    """The worker of `role` that holds the most requests now (so that something has to move)."""
-    names = stack.names(role)  # type: ignore[arg-type]
-    stats = stack.stats()
-    most = max(stats[n].num_held for n in names)
-    return rng.choice([n for n in names if stats[n].num_held == most])
+class _Faults:
+    """Hits workers one at a time at random moments (docs/design.md §5.6, §6.9): kill -9 of the
+    prefill worker, kill -9 of the decode worker holding the most requests, one drain with a
+    short grace followed by SIGTERM of another decode worker, then kills of either role in turn.
+    The first three happen however long it takes (`planned` is set after them); the rest while
+    the phase lasts.
 
+    A worker is hit only while the gateway sees it healthy and at least one other worker
+    healthy, so that what it held has somewhere to go; the others may still be restarting.
+    """
 
-def inject_faults(stack: Stack, cfg: SoakConfig, started: float, stop_at: float, stop: threading.Event) -> None:
-    """kill -9 of the prefill worker, kill -9 of a decode worker, one drain and SIGTERM of a decode
-    worker, then kills of either role alternately: each after a random gap once every worker is
-    back, while the gap ends before `stop_at`."""
-    rng = random.Random(cfg.seed ^ 0xC4A05)
-    plan = [("kill9", "prefill"), ("kill9", "decode"), ("drain", "decode")]
-    step = 0
-    while not stop.is_set():
-        kind, role = plan[step] if step < len(plan) else ("kill9", ("prefill", "decode")[step % 2])
-        gap = rng.uniform(*cfg.fault_gap_s)
-        if time.monotonic() + gap >= stop_at or stop.wait(gap):
-            return
-        name = _victim(stack, role, rng)
-        at_s = time.monotonic() - started
-        if kind == "kill9":
-            fault = stack.kill9(name, at_s)
-        else:
-            fault = stack.drain_and_restart(name, cfg.drain_grace_s, at_s)
-        print(f"[{at_s:6.1f} s] {kind} {name} (held {fault.held} requests)", file=sys.stderr, flush=True)
-        fault.back_after_s = stack.wait_all_healthy(cfg.recovery_timeout_s)
-        print(f"        {name} back after {fault.back_after_s:.1f} s", file=sys.stderr, flush=True)
-        step += 1
+    PLAN = (("kill9", "prefill"), ("kill9", "decode"), ("drain", "decode"))
+
+    def __init__(self, stack: Stack, cfg: SoakConfig, started: float) -> None:
+        self.stack = stack
+        self.cfg = cfg
+        self.started = started
+        self.rng = random.Random(cfg.seed ^ 0xC4A05)
+        self.seen_down: set[int] = set()  # indexes of faults whose worker the gateway has seen down
+        self.planned = threading.Event()
+
+    def _healthy(self) -> set[str]:
+        """Workers the gateway routes to now; notes when a hit worker has gone down and come back."""
+        try:
+            workers = self.stack.ready()["workers"]
+        except (httpx.HTTPError, ValueError):
+            return set()
+        healthy = {w["id"] for w in workers if w["healthy"]}
+        now = time.monotonic() - self.started
+        for i, fault in enumerate(self.stack.faults):
+            if fault.worker not in healthy:
+                self.seen_down.add(i)
+            elif i in self.seen_down and not fault.back_after_s:
+                fault.back_after_s = now - fault.at_s
+        return healthy
+
+    def _victim(self, kind: str, role: str, healthy: set[str]) -> str | None:
+        names = [n for n in self.stack.names(role) if n in healthy]  # type: ignore[arg-type]
+        if kind == "drain" and self.stack.faults:
+            names = [n for n in names if n != self.stack.faults[-1].worker] or names
+        if not names or len(healthy) < 2:
+            return None
+        try:
+            held = {n: s.num_held for n, s in self.stack.stats(names).items()}
+        except ray.exceptions.RayError:  # went down since /ready said otherwise
+            return None
+        most = max(held.values())
+        return self.rng.choice([n for n in names if held[n] == most])
+
+    def run(self, stop_at: float, stop: threading.Event) -> None:
+        step = 0
+        while not stop.is_set():
+            if step >= len(self.PLAN):
+                self.planned.set()
+            kind, role = self.PLAN[step] if step < len(self.PLAN) else ("kill9", ("prefill", "decode")[step % 2])
+            gap_ends = time.monotonic() + self.rng.uniform(*self.cfg.fault_gap_s)
+            name = None
+            while name is None:
+                if (self.planned.is_set() and time.monotonic() >= stop_at) or stop.wait(0.25):
+                    return
+                healthy = self._healthy()
+                if time.monotonic() >= gap_ends:
+                    name = self._victim(kind, role, healthy)
+            at_s = time.monotonic() - self.started
+            if kind == "kill9":
+                fault = self.stack.kill9(name, at_s)
+            else:
+                fault = self.stack.drain_and_restart(name, self.cfg.drain_grace_s, at_s)
+            print(f"[{at_s:6.1f} s] {kind} {name} (held {fault.held} requests)", file=sys.stderr, flush=True)
+            step += 1
+
+    def settle(self, timeout_s: float) -> None:
+        """Wait until every worker is back, noting when each hit one came back."""
+        deadline = time.monotonic() + timeout_s
+        while len(self._healthy()) < len(self.stack.handles):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"workers not all back after {timeout_s:g} s: {self.stack.ready()}")
+            time.sleep(0.25)
+        self.stack.wait_all_healthy(timeout_s)
 
 
 async def _phase(
@@ -137,18 +189,25 @@ async def _phase(
     run = LoadRun(stack.url, model, cfg.load, seed, name, limit_s)
     progress.phase, progress.counts = name, Counter()
     stop_at = time.monotonic() + duration_s
-    ticker = asyncio.create_task(progress.run(stop_at))
+    ticker = asyncio.create_task(progress.run())
     try:
         if name != "chaos":
-            await run.run(stop_at, progress.record)
+            await run.run(lambda: time.monotonic() < stop_at, progress.record)
             return run
         stop = threading.Event()
-        faults = asyncio.create_task(asyncio.to_thread(inject_faults, stack, cfg, progress.started, stop_at, stop))
+        faults = _Faults(stack, cfg, progress.started)
+        injecting = asyncio.create_task(asyncio.to_thread(faults.run, stop_at, stop))
         try:
-            await run.run(stop_at, progress.record)
+            # at least until the planned faults are done, so that a slow restart cannot skip one (the
+            # load stops at once if injecting fails: `await injecting` raises its error)
+            await run.run(
+                lambda: not injecting.done() and (time.monotonic() < stop_at or not faults.planned.is_set()),
+                progress.record,
+            )
         finally:
             stop.set()
-            await faults
+            await injecting
+        await asyncio.to_thread(faults.settle, cfg.recovery_timeout_s)
         return run
     finally:
         ticker.cancel()
@@ -280,28 +339,54 @@ def write_json(path: Path, result: SoakResult, meta: dict[str, Any]) -> None:
     path.write_text(json.dumps(body, indent=1))
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--duration-s", type=float, default=180.0, help="seconds of chaos (default: %(default)s)")
     parser.add_argument("--baseline-s", type=float, default=60.0, help="seconds of load without faults first")
     parser.add_argument("--sessions", type=int, default=6, help="concurrent agentic sessions (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=24, help="per turn (default: %(default)s)")
     parser.add_argument("--request-timeout", type=float, default=60.0, help="the gateway's --request-timeout")
+    parser.add_argument(
+        "--fault-gap",
+        type=float,
+        nargs=2,
+        default=(3.0, 10.0),
+        metavar=("MIN_S", "MAX_S"),
+        help="seconds between faults",
+    )
     parser.add_argument("--decode-workers", type=int, default=2, help="(default: %(default)s)")
     parser.add_argument("--json", type=Path, default=None, help="write every stream's outcome here")
     add_engine_options(parser)
     parser.set_defaults(device="cpu", max_num_seqs=16, kv_cache_memory_bytes=512 * 1024 * 1024)
-    args = parser.parse_args(argv)
-    load = LoadConfig(sessions=args.sessions)
-    cfg = SoakConfig(baseline_s=args.baseline_s, chaos_s=args.duration_s, seed=args.seed, load=load)
-    stack_cfg = StackConfig(
+    return parser
+
+
+def configs_from_args(args: argparse.Namespace) -> tuple[StackConfig, SoakConfig]:
+    load = LoadConfig(sessions=args.sessions, max_tokens=args.max_tokens)
+    soak = SoakConfig(
+        baseline_s=args.baseline_s,
+        chaos_s=args.duration_s,
+        fault_gap_s=tuple(args.fault_gap),
+        seed=args.seed,
+        load=load,
+    )
+    stack = StackConfig(
         engine_config_from_args(args), decode_workers=args.decode_workers, request_timeout_s=args.request_timeout
     )
+    return stack, soak
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    stack_cfg, cfg = configs_from_args(args)
     started = time.time()
     with local_ray(), running_stack(stack_cfg) as stack:
         print(f"stack ready: {stack.url}, workers {sorted(stack.handles)}", file=sys.stderr, flush=True)
         result = run_soak(stack, cfg)
+        broken = violations(result)
+        if broken:
+            print(f"the gateway's log ends:\n{stack.gateway_log_tail()}", file=sys.stderr)
     print(table(result))
-    broken = violations(result)
     print("\n".join(["", "invariants: all hold"] if not broken else ["", "VIOLATIONS:", *broken]))
     if args.json is not None:
         meta = {"command": " ".join(sys.argv), "started_unix": started, "machine": platform.platform()}

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,8 +72,9 @@ class Stack:
     def names(self, role: Role) -> list[str]:
         return sorted(name for name in self.handles if f"-{role}-" in name)
 
-    def stats(self, timeout_s: float = 30.0) -> dict[str, StatsSnapshot]:
-        refs = {name: handle.stats.remote() for name, handle in self.handles.items()}
+    def stats(self, names: Sequence[str] | None = None, timeout_s: float = 30.0) -> dict[str, StatsSnapshot]:
+        """Of `names` (default: every worker); raises a Ray error for one that is down."""
+        refs = {name: self.handles[name].stats.remote() for name in (self.handles if names is None else names)}
         return {name: ray.get(ref, timeout=timeout_s) for name, ref in refs.items()}
 
     def pid(self, name: str) -> int:
@@ -99,7 +100,7 @@ class Stack:
             time.sleep(0.25)
 
     def kill9(self, name: str, at_s: float) -> Fault:
-        held = self.stats()[name].num_held
+        held = self.stats([name])[name].num_held
         pid = self.pid(name)
         os.kill(pid, signal.SIGKILL)
         fault = Fault("kill9", name, at_s, held)
@@ -108,7 +109,7 @@ class Stack:
 
     def drain_and_restart(self, name: str, grace_s: float, at_s: float) -> Fault:
         handle = self.handles[name]
-        held = self.stats()[name].num_held
+        held = self.stats([name])[name].num_held
         pid = self.pid(name)
         ray.get(handle.drain.remote(grace_s), timeout=grace_s + 60)
         os.kill(pid, signal.SIGTERM)
