@@ -226,10 +226,10 @@ class LoadRun:
                 await stream_once(client, self.url, record, self.limit_s)
                 if on_record is not None:
                     on_record(record)
+                await asyncio.sleep(min(session.think_time_s, 2.0))
                 if record.outcome != "completed":
                     break  # an agent whose turn failed starts over
                 session.record(record.text)
-                await asyncio.sleep(min(session.think_time_s, 2.0))
 
 
 async def replay_greedy(url: str, records: list[StreamRecord], limit_s: float, concurrency: int = 4) -> None:

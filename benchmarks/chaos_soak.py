@@ -122,7 +122,7 @@ class _Faults:
         self.planned = threading.Event()
 
     def _healthy(self) -> set[str]:
-        """Workers the gateway routes to now; notes when a hit worker has gone down and come back."""
+        """Workers the gateway routes to now and not hit since; notes when a hit one is back."""
         try:
             workers = self.stack.ready()["workers"]
         except (httpx.HTTPError, ValueError):
@@ -134,7 +134,9 @@ class _Faults:
                 self.seen_down.add(i)
             elif i in self.seen_down and not fault.back_after_s:
                 fault.back_after_s = now - fault.at_s
-        return healthy
+        # a hit worker counts once it has gone down and come back: the gateway needs a moment
+        # to see a kill, and may call it healthy until then
+        return healthy - {f.worker for f in self.stack.faults if not f.back_after_s}
 
     def _victim(self, kind: str, role: str, healthy: set[str]) -> str | None:
         names = [n for n in self.stack.names(role) if n in healthy]  # type: ignore[arg-type]

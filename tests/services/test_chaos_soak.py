@@ -30,7 +30,7 @@ def soak(argv: Sequence[str]) -> SoakResult:
 
 def assert_every_fault_and_some_traffic(result: SoakResult) -> None:
     hits = {(f.kind, f.worker.rsplit("-", 2)[1]) for f in result.faults}
-    assert {("kill9", "prefill"), ("kill9", "decode"), ("drain", "decode")} <= hits, result.faults
+    assert {("kill9", "prefill"), ("kill9", "decode"), ("drain_and_restart", "decode")} <= hits, result.faults
     chaos: list[StreamRecord] = result.phase("chaos")
     assert any(r.outcome == "completed" for r in chaos), [r.summary() for r in chaos]
     assert any(r.reference is not None for r in chaos), "no greedy stream completed under chaos"
