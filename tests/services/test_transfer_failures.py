@@ -186,15 +186,6 @@ def test_echoed_prompt_logprobs_come_with_the_first_token(
     assert_no_slots_held(loops)
 
 
-def test_outputs_match_the_offline_engine(url: str, loops: tuple[EngineLoop, EngineLoop], decode_engine: Any) -> None:
-    questions = ["What is the capital of France?", "Who wrote Hamlet?", "What is H2O?"]
-    served = [ask(url, q, stream=True, max_tokens=16) for q in questions]
-    assert_no_slots_held(loops)
-    loops[1].shutdown()  # last test of the module: the decode engine becomes the offline reference
-    reference = greedy_reference(decode_engine, [chat_token_ids(decode_engine, q) for q in questions], 16)
-    assert served == reference
-
-
 def test_a_handoff_whose_prefill_worker_dies_before_the_transfer_runs_once(
     loops: tuple[EngineLoop, EngineLoop], engine_core: Any
 ) -> None:
@@ -247,7 +238,9 @@ def test_a_handoff_whose_prefill_worker_dies_before_the_transfer_runs_once(
 
             undisturbed, _ = await text_of("race-ref")
             task = asyncio.ensure_future(text_of("race-0"))
+            deadline = time.monotonic() + 60
             while not any(e.ticket is not None for e in held):
+                assert time.monotonic() < deadline, "race-0 was never handed off"
                 await asyncio.sleep(0.01)
             dispatcher.on_events(pool.replicas["p0"], list(held))  # spawns the transfer ...
             pool.mark_down("p0", "killed")  # ... and p0 goes down before it runs
@@ -261,3 +254,12 @@ def test_a_handoff_whose_prefill_worker_dies_before_the_transfer_runs_once(
     assert error is None, error
     assert moved == undisturbed
     assert_no_slots_held(loops)
+
+
+def test_outputs_match_the_offline_engine(url: str, loops: tuple[EngineLoop, EngineLoop], decode_engine: Any) -> None:
+    questions = ["What is the capital of France?", "Who wrote Hamlet?", "What is H2O?"]
+    served = [ask(url, q, stream=True, max_tokens=16) for q in questions]
+    assert_no_slots_held(loops)
+    loops[1].shutdown()  # last test of the module: the decode engine becomes the offline reference
+    reference = greedy_reference(decode_engine, [chat_token_ids(decode_engine, q) for q in questions], 16)
+    assert served == reference
