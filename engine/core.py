@@ -121,7 +121,7 @@ class EngineCore:
             grammar=self._grammar(params, tuple(outputs)),
         )
         req.output_ids = outputs
-        self._outputs.attach(req, replay=True)
+        self._outputs.attach(req)
         self.requests[request_id] = req
         self.scheduler.add(req)
 

@@ -39,21 +39,22 @@ class OutputProcessor:
         self.eos_token_ids = frozenset(eos)
         self._streams: dict[str, _Stream] = {}
 
-    def attach(self, req: Request, *, replay: bool = False) -> None:
-        """Start the request's text stream. Tokens it already has were shown elsewhere: a
-        handed-off request's first token is context (its prefill flushed the stop matcher);
-        with `replay` (a continued request, docs/design.md §5.6) they run through the
-        detokenizer and the stop matcher as they did where they were generated, emitting
-        nothing, so that text held back for a possible stop string is held here too."""
+    def attach(self, req: Request) -> None:
+        """Start the request's text stream. Tokens it already has were shown elsewhere (a
+        handed-off request's first token, a continued request's output, docs/design.md §5.6):
+        they run through the detokenizer and the stop-string matcher as they did where they
+        were generated, emitting nothing, so that text held back there (a space that may
+        prefix a cleanup, a possible stop string) is held here too and goes out with the
+        next token."""
         params = req.params
-        context = req.prompt_ids if replay else req.all_ids
         stream = _Stream(
-            detok=IncrementalDetokenizer(self.tokenizer, context[-_PROMPT_CONTEXT_TOKENS:], params.skip_special_tokens),
+            detok=IncrementalDetokenizer(
+                self.tokenizer, req.prompt_ids[-_PROMPT_CONTEXT_TOKENS:], params.skip_special_tokens
+            ),
             stops=StopStringMatcher(params.stop, params.include_stop_str_in_output),
         )
-        if replay:
-            for token in req.output_ids:
-                stream.stops.feed(stream.detok.push([token]))
+        for token in req.output_ids:
+            stream.stops.feed(stream.detok.push([token]))
         self._streams[req.request_id] = stream
 
     def append_tokens(self, req: Request, result: StepResult, row: int, count: int) -> RequestOutput | None:
@@ -93,8 +94,7 @@ class OutputProcessor:
                 self.finish(req, "length")
                 break
         if req.prefill_only and not req.is_finished:
-            req.finish_reason = "handoff"
-            stream.new_text.append(stream.stops.flush())
+            req.finish_reason = "handoff"  # held-back text goes out from the decode engine
         return self._delta(req)
 
     def append_prompt_logprobs(self, chunks: list[PrefillChunk], result: StepResult) -> None:

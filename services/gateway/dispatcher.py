@@ -130,6 +130,12 @@ class Dispatcher:
                     continuation=tracked.continuation(),
                 )
             except WorkerUnavailable as exc:
+                if tracked.replica != first:
+                    # the worker took it before it died, and the request went on without this
+                    # answer (its hand-off came, or a migration moved it): starting it again
+                    # would run it twice ("already running" on its decode worker)
+                    self.pool.mark_down(first, str(exc))
+                    return None
                 self._release_all(tracked)
                 tracked.replica = ""  # marking the replica down must not move this request too
                 self.pool.mark_down(first, str(exc))
@@ -220,10 +226,12 @@ class Dispatcher:
             self._pass_on(tracked, not_finished(out))
         self._release(tracked, tracked.replica)
         tracked.stage = "transfer"
-        self._spawn(self._transfer(tracked, ticket))
+        self._spawn(self._transfer(tracked, ticket, tracked.replica))
 
-    async def _transfer(self, tracked: Tracked, ticket: TransferTicket) -> None:
-        if tracked.done:  # aborted between the hand-off and now: the ticket's KV is dropped with it
+    async def _transfer(self, tracked: Tracked, ticket: TransferTicket, source: str) -> None:
+        # aborted between the hand-off and now, or moved off `source` (the prefill worker died
+        # after the hand-off, before this ran): the ticket's KV is dropped with it
+        if tracked.done or tracked.replica != source:
             return
         target = tracked.decode_replica
         replica = self.pool.replicas.get(target) if target else None

@@ -1,6 +1,7 @@
 """A request continued on a second engine after some of its tokens (docs/design.md §5.6), as a
 migrated request is: the continuation's tokens and text equal what the first engine went on
-to produce, greedy or sampled, with stop strings holding text across the cut."""
+to produce, greedy or sampled, with stop strings holding text across the cut; also when the
+continuation runs disaggregated (prefilled on one engine, handed off to another)."""
 
 from __future__ import annotations
 
@@ -38,12 +39,36 @@ def cuts(whole: Finished) -> list[tuple[int, str]]:
     return seen
 
 
+def continue_handed_off(
+    prefill: EngineCore, decode: EngineCore, prompt: list[int], params: SamplingParams, start: Continuation
+) -> Finished:
+    """The continuation prefilled on `prefill` (one more token), then decoded on `decode`
+    from the handed-off KV, as a migration to a prefill/decode pair runs it."""
+    prefill.add_request("continued", prompt, params, prefill_only=True, continuation=start)
+    outputs: list[RequestOutput] = []
+    while not (outputs and (outputs[-1].finished or outputs[-1].finish_reason == "handoff")):
+        outputs.extend(o for o in prefill.step() if o.request_id == "continued")
+    if outputs[-1].finish_reason == "handoff":
+        decode.add_decode_request("continued", prefill.export_kv("continued"))
+        while decode.has_unfinished_requests():
+            outputs.extend(o for o in decode.step() if o.request_id == "continued")
+    assert outputs[-1].finished
+    return Finished(list(outputs[-1].token_ids), "".join(o.new_text for o in outputs), outputs[-1].finish_reason)
+
+
 def check_continuations(
-    make_engine: EngineFactory, params: SamplingParams, rng_key: int | None, every: int, **engine_options: object
+    make_engine: EngineFactory,
+    params: SamplingParams,
+    rng_key: int | None,
+    every: int,
+    handed_off: bool = False,
+    **engine_options: object,
 ) -> list[str]:
-    """Continue the request from every `every`-th output boundary; returns the text held
-    back (for a possible stop string) at each cut."""
+    """Continue the request from every `every`-th output boundary (`handed_off`: through a
+    prefill engine and a decode engine); returns the text held back (for a possible stop
+    string) at each cut."""
     first, second = make_engine(**engine_options), make_engine(**engine_options)
+    third = make_engine(**engine_options) if handed_off else None
     prompt = chat_ids(first, CHAT_PROMPTS[0])
     if rng_key is None:
         (whole,) = run(first, [prompt], params)
@@ -57,7 +82,11 @@ def check_continuations(
     assert len(points) >= 3, "the request must run long enough to be cut in several places"
     held = []
     for count, shown in points:
-        rest = continue_from(second, prompt, params, Continuation(rng_key, tuple(whole.token_ids[:count])))
+        start = Continuation(rng_key, tuple(whole.token_ids[:count]))
+        if third is None:
+            rest = continue_from(second, prompt, params, start)
+        else:
+            rest = continue_handed_off(second, third, prompt, params, start)
         assert rest.token_ids == whole.token_ids, f"cut after {count} tokens"
         assert shown + rest.text == whole.text, f"cut after {count} tokens"
         held.append(first.tokenizer.decode(whole.token_ids[:count])[len(shown) :])  # type: ignore[attr-defined]
@@ -83,6 +112,32 @@ def test_text_held_for_a_stop_string_is_held_across_the_cut(make_engine: EngineF
     params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True, stop=(" the zebra", ", zebra"))
     held = check_continuations(make_engine, params, None, every=1)
     assert " the" in held
+
+
+def test_a_handed_off_continuation_keeps_every_character(make_engine: EngineFactory) -> None:
+    # the prefill engine's one token can end in text the detokenizer or a stop string still
+    # holds (a bare space before digits, " the"): the decode engine must emit it, not take it
+    # as shown
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True, stop=(" the zebra", ", zebra"))
+    held = check_continuations(make_engine, params, None, every=1, handed_off=True)
+    assert " the" in held
+
+
+def test_a_held_space_sampled_by_the_prefill_engine_reaches_the_client(make_engine: EngineFactory) -> None:
+    # a bare space token is held back (it may yet become " ." and be cleaned up), so the
+    # prefill engine's one token can be text it has not shown when it hands off: the decode
+    # engine must show it, not take it as shown. `logit_bias` makes the space every token.
+    first, prefill, decode = make_engine(), make_engine(), make_engine()
+    prompt = chat_ids(first, CHAT_PROMPTS[0])
+    space = first.tokenizer.encode("Task 6915", add_special_tokens=False)[1]  # type: ignore[attr-defined]
+    assert first.tokenizer.decode([space]) == " "  # type: ignore[attr-defined]
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logit_bias={space: 100.0})
+    for start in (Continuation(), Continuation(None, (space,))):  # a plain hand-off, a moved request
+        colocated = continue_from(first, prompt, params, start)
+        handed_off = continue_handed_off(prefill, decode, prompt, params, start)
+        assert handed_off.token_ids == colocated.token_ids
+        # a moved request's own first space was held where it ran, never shown: it goes out here
+        assert handed_off.text == colocated.text == " " * 4
 
 
 def test_dspark_greedy_continuation(make_engine: EngineFactory) -> None:

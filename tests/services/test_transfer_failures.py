@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -183,6 +183,76 @@ def test_echoed_prompt_logprobs_come_with_the_first_token(
     after = loops[1].stats().engine
     assert after.generation_tokens_total >= before.generation_tokens_total + 4
     assert after.prompt_tokens_total == before.prompt_tokens_total
+    assert_no_slots_held(loops)
+
+
+def test_a_handoff_whose_prefill_worker_dies_before_the_transfer_runs_once(
+    loops: tuple[EngineLoop, EngineLoop], engine_core: Any
+) -> None:
+    """docs/design.md §5.6: the prefill worker hands the request off, then goes down before the
+    gateway starts the transfer. The request moves (a continuation on the decode worker) and is
+    not also transferred there: it completes once, with the text of an undisturbed run (before
+    the fix the second start was refused as "already running" and the stream ended in an error)."""
+    from engine.outputs import RequestOutput
+    from engine.sampling_params import SamplingParams
+    from services.gateway.dispatcher import Dispatcher
+    from services.gateway.pool import PoolConfig, WorkerPool
+    from services.router import Router, RouterConfig
+    from services.workers.types import WorkerEvent
+
+    prefill, decode = loops
+    prompt = chat_token_ids(engine_core, "Name three primary colours.")
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+
+    async def run() -> tuple[str, str, str | None]:
+        pool = WorkerPool(
+            StaticDiscovery([LocalWorkerClient("p0", prefill), LocalWorkerClient("d0", decode)]),
+            "race-test",
+            PoolConfig(stats_interval_s=0.1),
+        )
+        dispatcher = Dispatcher(pool, Router(RouterConfig()))
+        held: list[WorkerEvent] = []
+
+        def route_events(replica: Any, events: Sequence[WorkerEvent]) -> None:
+            # the test owns the pool's hooks: race-0's events from p0 wait here until its hand-off
+            waiting = [e for e in events if replica.replica_id == "p0" and e.output.request_id == "race-0"]
+            held.extend(waiting)
+            dispatcher.on_events(replica, [e for e in events if e not in waiting])
+
+        pool.on_events = route_events
+        pool.on_down = dispatcher.on_replica_down
+        await pool.start()
+        try:
+            while not pool.ready():
+                await asyncio.sleep(0.05)
+
+            async def text_of(request_id: str) -> tuple[str, str | None]:
+                sink: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
+                await dispatcher.submit(request_id, 0, prompt, params, sink, time.perf_counter())
+                text = ""
+                while True:
+                    _, out = await asyncio.wait_for(sink.get(), 60)
+                    text += out.new_text
+                    if out.finished:
+                        return text, out.error
+
+            undisturbed, _ = await text_of("race-ref")
+            task = asyncio.ensure_future(text_of("race-0"))
+            deadline = time.monotonic() + 60
+            while not any(e.ticket is not None for e in held):
+                assert time.monotonic() < deadline, "race-0 was never handed off"
+                await asyncio.sleep(0.01)
+            dispatcher.on_events(pool.replicas["p0"], list(held))  # spawns the transfer ...
+            pool.mark_down("p0", "killed")  # ... and p0 goes down before it runs
+            pool.on_events = dispatcher.on_events
+            moved, error = await task
+            return undisturbed, moved, error
+        finally:
+            await pool.stop()
+
+    undisturbed, moved, error = asyncio.run(run())
+    assert error is None, error
+    assert moved == undisturbed
     assert_no_slots_held(loops)
 
 
