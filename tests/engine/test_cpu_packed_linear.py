@@ -3,7 +3,7 @@ tile kernel compute the product to bf16 rounding, as F.linear does (their fp32 s
 other orders, which depend on the ISA oneDNN picks on this CPU, so they need not equal
 F.linear bit for bit); packing leaves float32 alone, unties a tied LM head without touching
 the embedding, and serves the dense engine's tokens up to near ties, with its logprobs to bf16
-rounding."""
+rounding. float32 weights pack for the vector kernel of gemv.c (tests/cpu_kernels/test_cpu_gemv.py)."""
 
 from __future__ import annotations
 
@@ -48,19 +48,19 @@ def test_onednn_packed_linear_rounds_the_exact_product(dtype, rows, with_bias):
     if not cpu_linear.cpu_packing_supported(dtype):
         pytest.skip(f"{dtype} packing is not supported here")
     gen = torch.Generator().manual_seed(rows)
-    weight = torch.randn(96, 80, generator=gen).to(dtype)  # K = 80: not a shape for the AMX kernel
-    bias = torch.randn(96, generator=gen).to(dtype) if with_bias else None
+    weight = torch.randn(88, 80, generator=gen).to(dtype)  # N = 88: not a shape for our kernels
+    bias = torch.randn(88, generator=gen).to(dtype) if with_bias else None
     x = torch.randn(rows, 80, generator=gen).to(dtype)
     packed = cpu_linear.pack_weight(weight)
     assert packed.is_mkldnn and packed.shape == weight.shape and packed.dtype == dtype
     exact = _exact(x, weight, bias)
     got = cpu_linear.linear(x, packed, bias)
-    assert got.dtype == dtype and got.shape == (rows, 96)
+    assert got.dtype == dtype and got.shape == (rows, 88)
     # within a rounding of the exact product (fp16 has 3 more bits: the bf16 bound holds)
     assert ((got.double() - exact).abs() <= _rounding_of(exact) * 2).all()
     # leading dims and a stride-0 view: the rows of the 2-D product, to the same rounding
     batched = cpu_linear.linear(x.view(1, rows, 80).expand(2, rows, 80), packed, bias)
-    assert batched.shape == (2, rows, 96)
+    assert batched.shape == (2, rows, 88)
     assert ((batched.double() - exact).abs() <= _rounding_of(exact) * 2).all()
 
 
@@ -121,10 +121,13 @@ def test_dense_weight_takes_f_linear():
     assert torch.equal(cpu_linear.linear(x, weight), F.linear(x, weight))
 
 
-def test_float32_weights_stay_dense(tiny_model_dir: Path):
-    loaded = load_model(str(tiny_model_dir), dtype=torch.float32, device="cpu", progress=False)
-    assert cpu_linear.pack_module_weights(loaded.model, torch.float32) == 0
-    assert not any(cpu_linear.is_packed(p) for p in loaded.model.parameters())
+def test_float32_weights_pack_for_the_vector_kernel(tiny_model_dir: Path):
+    dense = load_model(str(tiny_model_dir), dtype=torch.float32, device="cpu", progress=False).model
+    packed = load_model(str(tiny_model_dir), dtype=torch.float32, device="cpu", progress=False).model
+    assert cpu_linear.pack_module_weights(packed, torch.float32) == 9  # 2 x (qkv, o, gate_up, down) + head
+    assert cpu_linear.kernel_of(packed.lm_head.weight) == "gemv"
+    hidden = torch.randn(7, dense.config.hidden_size)
+    torch.testing.assert_close(packed.compute_logits(hidden), dense.compute_logits(hidden), rtol=1e-5, atol=1e-5)
 
 
 def test_packing_unties_the_lm_head_and_keeps_logits(tiny_model_dir: Path):
