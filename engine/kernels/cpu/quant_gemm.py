@@ -40,6 +40,17 @@ class BlockFormat:
         return row_bytes // self.block_bytes * BLOCK
 
 
+@dataclass(frozen=True, repr=False)
+class BlockTensor:
+    """A GGUF tensor kept in its block format, as a loader hands it to a quantized layer."""
+
+    fmt: str  # a key of FORMATS
+    data: torch.Tensor  # uint8 [N, K / 32 * block_bytes], row n = the blocks of output feature n
+
+    def __repr__(self) -> str:
+        return f"BlockTensor({self.fmt}, {tuple(self.data.shape)})"
+
+
 # The formats with a kernel. Q8_0: fp16 scale, 32 int8. Q4_1: fp16 scale and minimum, 32 nibbles.
 FORMATS = {name: BlockFormat(name, size) for name, size in (("Q8_0", 34), ("Q4_1", 20))}
 
