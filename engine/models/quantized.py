@@ -146,7 +146,9 @@ class QuantizedEmbedding(nn.Module):
 
     def weight_loader(self, param: nn.Parameter, full: torch.Tensor | BlockTensor, shard_id: object = None) -> None:
         if not isinstance(full, BlockTensor) or full.fmt != self.fmt or full.data.shape != self.table().shape:
-            raise ValueError(f"QuantizedEmbedding: expected {self.fmt} blocks {tuple(self.table().shape)}, got {full!r}")
+            raise ValueError(
+                f"QuantizedEmbedding: expected {self.fmt} blocks {tuple(self.table().shape)}, got {full!r}"
+            )
         self.table().copy_(full.data)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

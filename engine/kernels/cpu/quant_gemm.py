@@ -15,6 +15,7 @@ import ctypes
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -81,7 +82,8 @@ def function_address(fmt: str) -> int:
     functions = _functions()
     if functions is None:
         raise RuntimeError("the quantized CPU kernels are not built here")
-    address = ctypes.cast(functions[f"linear_{fmt}"], ctypes.c_void_p).value
+    function: Any = functions[f"linear_{fmt}"]  # a ctypes function object behind the Callable type
+    address = ctypes.cast(function, ctypes.c_void_p).value
     assert address is not None
     return address
 
