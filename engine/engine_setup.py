@@ -49,6 +49,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The activations' (and KV cache's) dtype; `auto` on CPU also keeps a GGUF's quantized
+    weights in their formats (`quantized_weights`)."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     dtypes = {
@@ -62,6 +64,12 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name not in dtypes:
         raise ValueError(f"dtype: {name!r} is not one of {', '.join(dtypes)} or 'auto'")
     return dtypes[name]
+
+
+def quantized_weights(name: str, device: torch.device) -> bool:
+    """Whether dtype `name` on `device` serves a GGUF's block-quantized tensors as stored (with
+    float32 activations): `auto` on CPU (docs/design.md §2.9). Other checkpoints load dense."""
+    return name == "auto" and device.type == "cpu"
 
 
 def _free_gpu_bytes(device: torch.device) -> int | None:
@@ -92,6 +100,7 @@ def build_engine_parts(
             device=device,
             tokenizer=config.tokenizer,
             tensor_parallel_size=config.tensor_parallel_size,
+            quantized=quantized_weights(config.dtype, device),
         )
     if device.type == "cpu":
         pack_module_weights(loaded.model, dtype)  # bf16/fp16 on a CPU with the instructions for it
