@@ -14,15 +14,15 @@ from typing import Any, Protocol
 
 DEFAULT_LLAMACPP_PYTHON = Path(".bench/llamacpp-venv/bin/python")
 
-# System names, as they appear in the JSON. Batch 1 unless the name says b16.
+# System names, as they appear in the JSON. Batch 1 unless the name says batch (--batch).
 ENGINE_FP32 = "engine_fp32"
 ENGINE_BF16 = "engine_bf16"
 ENGINE_NATIVE = "engine_native"
 LLAMACPP_Q = "llamacpp_gguf"  # llama.cpp on the GGUF file as shipped (Q4_1 for the embedded model)
 LLAMACPP_F32 = "llamacpp_f32"  # llama.cpp on its own f32 conversion of that file
-ENGINE_FP32_B16 = "engine_fp32_b16"
-ENGINE_NATIVE_B16 = "engine_native_b16"
-TRANSFORMERS_B16 = "transformers_b16"
+ENGINE_FP32_BATCH = "engine_fp32_batch"
+ENGINE_NATIVE_BATCH = "engine_native_batch"
+TRANSFORMERS_BATCH = "transformers_batch"
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Bar:
 BARS = (
     Bar("batch 1 fp32: engine / llama.cpp f32 (decode)", ENGINE_FP32, LLAMACPP_F32, 1.0),
     Bar("batch 1 native: engine / llama.cpp on the GGUF (decode)", ENGINE_NATIVE, LLAMACPP_Q, 0.8),
-    Bar("batch 16 fp32: engine / transformers (prefill incl.)", ENGINE_FP32_B16, TRANSFORMERS_B16, 3.0, False),
+    Bar("batch --batch fp32: engine / transformers (prefill incl.)", ENGINE_FP32_BATCH, TRANSFORMERS_BATCH, 3.0, False),
 )
 # Greedy tokens compared: (system, reference).
 AGREEMENT_PAIRS = (
@@ -239,7 +239,8 @@ def systems_table(rows: Sequence[SystemRow], copy_read_gbs: float) -> str:
             gbs = stream_gbs(r.weight_bytes, r.timing.decode_tokens_per_s)
             stream = f"{gbs:.1f} ({100 * gbs / copy_read_gbs:.0f}%)" if copy_read_gbs > 0 else f"{gbs:.1f}"
         weights_mb = None if r.weight_bytes is None else r.weight_bytes / 1e6
-        speed = f"{r.timing.tokens_per_s:.2f} ({r.timing.decode_tokens_per_s:.2f})"
+        decode = f"{r.timing.decode_tokens_per_s:.2f}" if r.timing.decode_seconds > 0 else "-"
+        speed = f"{r.timing.tokens_per_s:.2f} ({decode})"
         cells = [r.name, r.label, r.batch, speed, weights_mb, stream]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)

@@ -18,7 +18,7 @@ system gets the same prompt ids), EOS ignored so that every system generates the
 - llamacpp_gguf: llama.cpp on the GGUF file itself (Q4_1 for the embedded model);
 - llamacpp_f32: llama.cpp on its own f32 conversion of that file (benchmarks/llamacpp_runner.py
   to-f32, kept in .bench/), so both fp32 rows multiply the same dequantised weights.
-Batch `--batch`: engine_fp32_b16 (and engine_native_b16) against transformers_b16 on one wave
+Batch `--batch`: engine_fp32_batch (and engine_native_batch) against transformers_batch on one wave
 of that many prompts, benchmarks/smollm2_offline.py's runners, stopping at EOS as it does.
 
 Every system runs one untimed pass first, then once per round, in an order rotated each round
@@ -188,20 +188,20 @@ def main() -> None:
     if args.batch:
         eos = set(loaded.config.eos_token_ids) | set(loaded.tokenizer.eos_token_ids)
         wave = report.prompt_ids(loaded.tokenizer, (CHAT_PROMPTS * args.batch)[: args.batch])
-        batch_engines = {report.ENGINE_FP32_B16: engine_for(args.model, "float32", args.batch, loaded)}
+        batch_engines = {report.ENGINE_FP32_BATCH: engine_for(args.model, "float32", args.batch, loaded)}
         if native is not None:
-            batch_engines[report.ENGINE_NATIVE_B16] = engine_for(args.model, args.native_dtype, args.batch)
+            batch_engines[report.ENGINE_NATIVE_BATCH] = engine_for(args.model, args.native_dtype, args.batch)
         hf = load_hf(args.model, "cpu", torch.float32)
         batch_systems: dict[str, System] = {
             name: partial(_wave_system, partial(run_engine, engine, new_tokens=args.new_tokens))
             for name, engine in batch_engines.items()
         }
-        batch_systems[report.TRANSFORMERS_B16] = partial(
+        batch_systems[report.TRANSFORMERS_BATCH] = partial(
             _wave_system, partial(run_hf, hf, new_tokens=args.new_tokens, device="cpu", eos=eos)
         )
         batch_totals, _ = run_rounds(batch_systems, wave, args.rounds)
         for name, timing in batch_totals.items():
-            rows.append(report.SystemRow(name, name.removesuffix("_b16").replace("_", " "), args.batch, timing, None))
+            rows.append(report.SystemRow(name, name.removesuffix("_batch").replace("_", " "), args.batch, timing, None))
 
     bars = report.bar_results({r.name: r.timing for r in rows})
     agreements = [a for s, ref in report.AGREEMENT_PAIRS if (a := report.agreement(s, ref, tokens)) is not None]

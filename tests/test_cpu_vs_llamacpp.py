@@ -75,16 +75,16 @@ def test_bars_use_decode_rate_at_batch_1_and_total_rate_for_the_batch() -> None:
     timings = {
         report.ENGINE_FP32: report.Timing(96, 3.0, 95, 2.5),  # decode 38/s
         report.LLAMACPP_F32: report.Timing(96, 2.5, 95, 2.0),  # decode 47.5/s
-        report.ENGINE_FP32_B16: report.Timing(1536, 4.0),  # 384/s, no decode time (prefill incl.)
-        report.TRANSFORMERS_B16: report.Timing(1536, 12.0),  # 128/s
+        report.ENGINE_FP32_BATCH: report.Timing(1536, 4.0),  # 384/s, no decode time (prefill incl.)
+        report.TRANSFORMERS_BATCH: report.Timing(1536, 12.0),  # 128/s
     }
     by_label = {r.bar.numerator: r for r in report.bar_results(timings)}
     assert by_label[report.ENGINE_FP32].ratio == pytest.approx(38 / 47.5)
     assert by_label[report.ENGINE_FP32].verdict == "below"
     assert by_label[report.ENGINE_NATIVE].ratio is None
     assert by_label[report.ENGINE_NATIVE].verdict == "not run"
-    assert by_label[report.ENGINE_FP32_B16].ratio == pytest.approx(3.0)
-    assert by_label[report.ENGINE_FP32_B16].verdict == "meets"
+    assert by_label[report.ENGINE_FP32_BATCH].ratio == pytest.approx(3.0)
+    assert by_label[report.ENGINE_FP32_BATCH].verdict == "meets"
     table = report.bars_table(list(by_label.values()))
     assert "| 0.80 | 1 | below |" in table and "| - | 0.8 | not run |" in table
 
@@ -93,12 +93,12 @@ def test_stream_share_in_the_systems_table() -> None:
     assert report.stream_gbs(538_000_000, 35.0) == pytest.approx(18.83)
     rows = [
         report.SystemRow("engine_fp32", "engine float32", 1, report.Timing(96, 3.0, 95, 2.5), 500_000_000),
-        report.SystemRow("transformers_b16", "transformers", 16, report.Timing(1536, 12.0), None),
+        report.SystemRow("transformers_batch", "transformers", 16, report.Timing(1536, 12.0), None),
     ]
     table = report.systems_table(rows, copy_read_gbs=38.0)
     # 500 MB x 38 tok/s = 19 GB/s, half of the copy's 38 GB/s
     assert "| engine_fp32 | engine float32 | 1 | 32.00 (38.00) | 500.00 | 19.0 (50%) |" in table
-    assert "| transformers_b16 | transformers | 16 | 128.00 (0.00) | - | - |" in table
+    assert "| transformers_batch | transformers | 16 | 128.00 (-) | - | - |" in table
 
 
 def test_model_weight_bytes_counts_a_tied_weight_once() -> None:
