@@ -118,7 +118,7 @@ def run_rounds(
             timing, generated = systems[name](prompts)
             totals[name] += timing
             tokens.setdefault(name, generated)
-        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {totals[n].decode_tokens_per_s:.1f}" for n in names))
+        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {totals[n].decode_tokens_per_s:.1f}" for n in names), flush=True)
     return totals, tokens
 
 
