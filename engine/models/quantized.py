@@ -115,6 +115,11 @@ class QuantizedLinear(nn.Module):
             y = y.view(*x.shape[:-1], self.output_size)
         return silu_and_mul(y) if self.swiglu else y
 
+    def block_format(self) -> str | None:
+        """The one format of a weight whose parts all share it (its blocks then start at byte 0
+        and kernels take the flat weight as one [N, row_bytes] matrix); None for mixed ones."""
+        return self.runs[0][0] if len(self.runs) == 1 else None
+
     def extra_repr(self) -> str:
         formats = "+".join(sorted({p.fmt for p in self.parts}))
         return f"in={self.input_size}, out={self.output_size}, {formats}, bias={self.bias is not None}"

@@ -9,7 +9,8 @@ bit-identical to the layers' own forward (tests/engine/test_cpu_decoder_stack.py
 It serves fp32 and bf16 forwards when everything it would call is there: every linear weight
 packed for one of our kernels (engine/kernels/cpu/linear.py: the AMX tile kernel, or the
 vector kernel of gemv.c built for the ISA this CPU reports, isa.py) and SwiGLU's gate/up
-packed gated, no biases or q/k-norm, one tensor-parallel rank, the attention backend's C
+packed gated, or, in fp32, every linear a GGUF's blocks in one format (QuantizedLinear,
+quant_gemm.c, docs/design.md §2.9), no biases or q/k-norm, one tensor-parallel rank, the attention backend's C
 kernel built and serving the forward (a few rows per request), and contiguous caches of the
 activation dtype. Anything else takes the layers' Python forward, as does every forward on
 another device.
@@ -26,16 +27,19 @@ from collections.abc import Sequence
 from typing import cast
 
 import torch
+from torch import nn
 
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.config import ModelConfig
 from engine.kernels.cpu import gemv
 from engine.kernels.cpu.attention import MAX_EXTEND
 from engine.kernels.cpu.build import load
+from engine.kernels.cpu.quant_gemm import FORMATS
 from engine.kernels.cpu.linear import kernel_of
 from engine.kernels.rope import RotaryAngles
 from engine.models.context import CausalLM, ForwardContext
 from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from engine.models.quantized import QuantizedLinear
 
 _P, _I, _F, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 
@@ -62,9 +66,14 @@ class _Forward(ctypes.Structure):
 @functools.cache
 def _library(dtype: torch.dtype, linear_kernel: str) -> tuple[ctypes.CDLL, _Kernels] | None:
     """decoder.c and the addresses of the kernels it calls for activations of `dtype` and
-    linears packed for `linear_kernel` ("amx" or "gemv", linear.kernel_of); None when any is
-    missing. Made at first use, from the libraries built for this CPU's ISA."""
-    libraries = [load(name) for name in ("decoder", "elementwise", "attention", linear_kernel.replace("amx", "gemm"))]
+    linears packed for `linear_kernel` ("amx" or "gemv", linear.kernel_of), or held in a GGUF
+    block format ("Q8_0", "Q4_1": quant_gemm.c); None when any is missing. Made at first use,
+    from the libraries built for this CPU's ISA."""
+    quantized = linear_kernel in FORMATS  # a GGUF block format: quant_gemm.c, fp32 activations only
+    if quantized and dtype != torch.float32:
+        return None
+    linear_library = "quant_gemm" if quantized else linear_kernel.replace("amx", "gemm")
+    libraries = [load(name) for name in ("decoder", "elementwise", "attention", linear_library)]
     if any(library is None for library in libraries):
         return None
     decoder, elementwise, attention, linears = (library for library in libraries if library is not None)
@@ -76,6 +85,8 @@ def _library(dtype: torch.dtype, linear_kernel: str) -> tuple[ctypes.CDLL, _Kern
     linear_names = ("linear_bf16", "linear_swiglu_bf16")
     if linear_kernel == "gemv":
         linear_names = (f"gemv_linear_{suffix}", f"gemv_swiglu_{suffix}")
+    elif quantized:
+        linear_names = (f"linear_{linear_kernel.lower()}", f"swiglu_{linear_kernel.lower()}")
     kernels = _Kernels(
         *(address(linears, name) for name in linear_names),
         address(elementwise, f"rms_norm_{suffix}"), address(elementwise, f"rope_{suffix}"),
@@ -192,18 +203,17 @@ class CpuDecoderStack:
         dtype = self.decoder_layers[0].input_layernorm.weight.dtype
         for layer in self.decoder_layers:
             attn, mlp = layer.self_attn, layer.mlp
-            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            linears: tuple[nn.Module, ...] = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
             if attn.q_norm is not None or any(p.bias is not None or p.tp_size != 1 for p in linears):
                 return None
-            packed = (attn.qkv_proj.weight, attn.o_proj.weight, mlp.down_proj.weight)
-            if not all(gemv.is_packed(w) for w in packed) or not gemv.is_packed_gated(mlp.gate_up_proj.weight):
-                return None
-            kernels.update(kernel_of(p.weight) for p in linears)
+            served = [_served_linear(p, gated=p is mlp.gate_up_proj, dtype=dtype) for p in linears]
             norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-            if any(t.dtype != dtype for t in (*norms, *packed)) or not all(n.is_contiguous() for n in norms):
+            if None in served or any(n.dtype != dtype or not n.is_contiguous() for n in norms):
                 return None
-            weights.append((norms[0], *packed[:2], mlp.gate_up_proj.weight, packed[2], norms[1]))
-        if len(kernels) != 1 or not kernels <= {"amx", "gemv"}:
+            kernels.update(kernel for kernel, _ in filter(None, served))
+            qkv, o, gate_up, down = (weight for _, weight in filter(None, served))
+            weights.append((norms[0], qkv, o, gate_up, down, norms[1]))
+        if len(kernels) != 1 or not kernels <= {"amx", "gemv", *FORMATS}:
             return None
         self._linear_kernel = kernels.pop()
         return weights
@@ -224,6 +234,23 @@ class CpuDecoderStack:
                 )  # fmt: skip
             self._layers, self._caches_key = layers, key
         return self._layers
+
+
+def _served_linear(module: nn.Module, gated: bool, dtype: torch.dtype) -> tuple[str, torch.Tensor] | None:
+    """(kernel, the weight decoder.c reads) of one linear: a weight packed for one of our
+    kernels (gated: for SwiGLU), or a quantized layer's blocks in one format (fp32 forwards);
+    None where the stack cannot run it."""
+    if isinstance(module, QuantizedLinear):
+        fmt = module.block_format()
+        if fmt is None or module.swiglu != gated or dtype != torch.float32:
+            return None
+        return fmt, module.weight
+    weight = module.weight
+    if not isinstance(weight, torch.Tensor) or weight.dtype != dtype:
+        return None
+    if not (gemv.is_packed_gated(weight) if gated else gemv.is_packed(weight)):
+        return None
+    return kernel_of(weight), weight
 
 
 class CpuStackedLM:

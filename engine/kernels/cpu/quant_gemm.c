@@ -24,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
+
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -246,9 +248,28 @@ static int dequant_rows(enum format format, const void *qweight, const int64_t *
     return 0;
 }
 
-/* The exported kernels, one per format, all with the same signature (a decoder stack may call
-   them through one function pointer type). 0 on success, -1 out of memory, -2 k not a
-   multiple of 32. */
+/* SwiGLU on a [gate | up] weight of 2 inter rows: out [m, inter] (row stride ldo) = silu(gate) * up
+   of x @ dequant(W)^T (+ bias [2 inter]), through a [m, 2 inter] scratch. The sums are
+   linear_quant's and the silu elementwise.c's silu_and_mul_f32 (the same exp_approx), so the
+   result is bit for bit the separate linear then silu-and-mul of the layers' Python forward. */
+static int swiglu_quant(enum format format, const float *x, int64_t ldx, const void *qweight, const float *bias,
+                        float *out, int64_t ldo, int64_t m, int64_t inter, int64_t k, int threads) {
+    if (m <= 0) return 0;
+    float *sums = malloc((size_t)(m * 2 * inter) * sizeof(float));
+    if (!sums) return -1;
+    const int status = linear_quant(format, x, ldx, qweight, bias, sums, 2 * inter, m, 2 * inter, k, threads);
+    if (status == 0)
+        for (int64_t t = 0; t < m; t++) {
+            const float *gate = sums + t * 2 * inter, *up = gate + inter;
+            for (int64_t i = 0; i < inter; i++) out[t * ldo + i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
+        }
+    free(sums);
+    return status;
+}
+
+/* The exported kernels, one per format, all with decoder.c's linear_fn signature (fp32
+   activations), so the one-call decoder stack calls them through its function pointers.
+   0 on success, -1 out of memory, -2 k not a multiple of 32. */
 int linear_q8_0(const float *x, int64_t ldx, const void *qweight, const float *bias, float *out, int64_t ldo,
                 int64_t m, int64_t n, int64_t k, int threads) {
     return linear_quant(Q8_0, x, ldx, qweight, bias, out, ldo, m, n, k, threads);
@@ -257,6 +278,16 @@ int linear_q8_0(const float *x, int64_t ldx, const void *qweight, const float *b
 int linear_q4_1(const float *x, int64_t ldx, const void *qweight, const float *bias, float *out, int64_t ldo,
                 int64_t m, int64_t n, int64_t k, int threads) {
     return linear_quant(Q4_1, x, ldx, qweight, bias, out, ldo, m, n, k, threads);
+}
+
+int swiglu_q8_0(const float *x, int64_t ldx, const void *qweight, const float *bias, float *out, int64_t ldo,
+                int64_t m, int64_t inter, int64_t k, int threads) {
+    return swiglu_quant(Q8_0, x, ldx, qweight, bias, out, ldo, m, inter, k, threads);
+}
+
+int swiglu_q4_1(const float *x, int64_t ldx, const void *qweight, const float *bias, float *out, int64_t ldo,
+                int64_t m, int64_t inter, int64_t k, int threads) {
+    return swiglu_quant(Q4_1, x, ldx, qweight, bias, out, ldo, m, inter, k, threads);
 }
 
 int dequant_rows_q8_0(const void *qweight, const int64_t *ids, int64_t count, float *out, int64_t ldo, int64_t k,

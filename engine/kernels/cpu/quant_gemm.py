@@ -67,7 +67,8 @@ def _functions() -> dict[str, Callable[..., int]] | None:
     for name in FORMATS:
         suffix = name.lower()
         # x, ldx, qweight, bias, out, ldo, m, n, k, threads -> 0, -1 out of memory, -2 k % 32
-        functions[f"linear_{name}"] = bind(library, f"linear_{suffix}", [_P, _I, _P, _P, _P, _I, _I, _I, _I, _N], _N)
+        for kind in ("linear", "swiglu"):  # swiglu: n is inter, the weight [gate | up] of 2 inter rows
+            functions[f"{kind}_{name}"] = bind(library, f"{kind}_{suffix}", [_P, _I, _P, _P, _P, _I, _I, _I, _I, _N], _N)
         # qweight, ids, count, out, ldo, k, threads -> 0, -2 k % 32
         functions[f"rows_{name}"] = bind(library, f"dequant_rows_{suffix}", [_P, _P, _I, _P, _I, _I, _N], _N)
     return functions
@@ -77,12 +78,12 @@ def available() -> bool:
     return _functions() is not None
 
 
-def function_address(fmt: str) -> int:
-    """The address of quant_gemm.c's `linear_<fmt>` (a C caller's function pointer)."""
+def function_address(fmt: str, swiglu: bool = False) -> int:
+    """The address of quant_gemm.c's `linear_<fmt>` (or `swiglu_<fmt>`): decoder.c's linear_fn."""
     functions = _functions()
     if functions is None:
         raise RuntimeError("the quantized CPU kernels are not built here")
-    function: Any = functions[f"linear_{fmt}"]  # a ctypes function object behind the Callable type
+    function: Any = functions[f"{'swiglu' if swiglu else 'linear'}_{fmt}"]  # a ctypes function object behind the Callable type
     address = ctypes.cast(function, ctypes.c_void_p).value
     assert address is not None
     return address
