@@ -18,7 +18,7 @@ from engine.core import EngineCore
 from engine.engine_setup import build_engine_parts
 from engine.kernels.activation import silu_and_mul
 from engine.kernels.cpu import elementwise as cpu_elementwise
-from engine.kernels.cpu import gemm
+from engine.kernels.cpu import gemm, gemv
 from engine.kernels.cpu import linear as cpu_linear
 from engine.loader.load import load_model
 from engine.sampling_params import SamplingParams
@@ -130,18 +130,26 @@ def test_float32_weights_pack_for_the_vector_kernel(tiny_model_dir: Path):
     torch.testing.assert_close(packed.compute_logits(hidden), dense.compute_logits(hidden), rtol=1e-5, atol=1e-5)
 
 
-def test_packing_unties_the_lm_head_and_keeps_logits(tiny_model_dir: Path):
-    dense = load_model(str(tiny_model_dir), dtype=torch.bfloat16, device="cpu", progress=False).model
-    packed = load_model(str(tiny_model_dir), dtype=torch.bfloat16, device="cpu", progress=False).model
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tied_table_is_held_once_and_keeps_embeddings_and_logits(tiny_model_dir: Path, dtype: torch.dtype):
+    dense = load_model(str(tiny_model_dir), dtype=dtype, device="cpu", progress=False).model
+    packed = load_model(str(tiny_model_dir), dtype=dtype, device="cpu", progress=False).model
+    if not cpu_linear.cpu_packing_supported(dtype):
+        pytest.skip(f"{dtype} weights are not packed here")
     # 2 layers x (qkv, o, gate_up, down) + the LM head
-    assert cpu_linear.pack_module_weights(packed, torch.bfloat16) == 9
-    assert cpu_linear.pack_module_weights(packed, torch.bfloat16) == 0  # already packed
-    assert cpu_linear.is_packed(packed.lm_head.weight)
-    assert not cpu_linear.is_packed(packed.model.embed_tokens.weight)  # the embedding keeps its table
-    assert torch.equal(packed.model.embed_tokens.weight, dense.model.embed_tokens.weight)
-    hidden = torch.randn(7, dense.config.hidden_size).to(torch.bfloat16)
-    # to bf16 rounding: oneDNN and the AMX kernel sum in other orders than F.linear
-    torch.testing.assert_close(packed.compute_logits(hidden), dense.compute_logits(hidden), rtol=2**-7, atol=1e-2)
+    assert cpu_linear.pack_module_weights(packed, dtype) == 9
+    assert cpu_linear.pack_module_weights(packed, dtype) == 0  # already packed
+    head = packed.lm_head.weight
+    if gemv.is_packed(head):  # our panels: the embedding looks its rows up in the head's packing
+        assert packed.model.embed_tokens.weight is head
+    else:  # oneDNN's opaque layout: the embedding keeps its own table
+        assert torch.equal(packed.model.embed_tokens.weight, dense.model.embed_tokens.weight)
+    ids = torch.arange(dense.config.vocab_size).view(4, -1)  # every row, in a 2-D batch
+    assert torch.equal(packed.model.embed_tokens(ids), dense.model.embed_tokens(ids))
+    hidden = torch.randn(7, dense.config.hidden_size).to(dtype)
+    # to bf16 rounding: oneDNN and our kernels sum in other orders than F.linear
+    tolerance = {"rtol": 2**-7, "atol": 1e-2} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
+    torch.testing.assert_close(packed.compute_logits(hidden), dense.compute_logits(hidden), **tolerance)
 
 
 def _engine(model_dir: Path, pack: bool, monkeypatch: pytest.MonkeyPatch, drafter: Path | None = None) -> EngineCore:

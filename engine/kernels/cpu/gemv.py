@@ -96,6 +96,15 @@ def in_features(packed: torch.Tensor) -> int:
     return packed.shape[1] * (2 if packed.dtype == torch.bfloat16 else 1)
 
 
+def rows(packed: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` [...] of the dense [N, K] weight a plain packing holds -> [..., K]: a tied
+    embedding table looked up in the LM head's packing, the values copied exactly."""
+    panel, column = ids // PANEL, ids % PANEL
+    if packed.dtype == torch.bfloat16:  # [N / 32, K / 2, 32, 2] -> [..., K / 2, 2]
+        return packed[panel, :, column, :].flatten(-2)
+    return packed[panel, :, column]  # [N / 32, K, 32] -> [..., K]
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """Dense CPU [N, K] (supports(weight)) -> packed (module docstring)."""
     if not supports(weight):

@@ -19,7 +19,8 @@ streams contiguously, and multiplied by one of:
 Our kernels take the MLP's gate/up weight packed gated and return SwiGLU's silu(gate) * up from
 the sums (`linear_swiglu`). `kernel_of` names the kernel a packed weight runs on, the same for
 the layers' Python forward and the one-call decoder stack (engine/runner/cpu_decoder_stack.py).
-The packed weight replaces the dense one, so memory does not grow. Measured on the 2-core
+The packed weight replaces the dense one, so memory does not grow; a tied embedding reads its
+rows from the LM head's packing (`embedding`). Measured on the 2-core
 VMs: benchmarks/cpu_packed_linear.py, benchmarks/cpu_kernels.py.
 """
 
@@ -108,20 +109,35 @@ def linear_swiglu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return silu_and_mul(linear(x, weight, bias))
 
 
+def embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of an embedding table [V, H], dense or held in a plain panel packing (a
+    tied LM head's, see pack_module_weights) -> [..., H]."""
+    if gemv.is_packed(weight):
+        return gemv.rows(weight, ids)
+    return F.embedding(ids, weight)
+
+
 def is_packed(weight: torch.Tensor) -> bool:
     return kernel_of(weight) != "dense"
 
 
 def pack_module_weights(model: nn.Module, dtype: torch.dtype) -> int:
     """Replace the dense `weight` of every module of `model` that declares
-    `packable_weight = True` by its packed copy. A weight tied to another module (an LM head
-    sharing the embedding) is packed into a copy of its own, the other keeps the dense one.
-    A module that also declares `packs_gated = True` holds a SwiGLU [gate | up] weight and
-    multiplies with `linear_swiglu`. Returns how many weights were packed: 0 when `dtype` or
-    this CPU cannot pack; weights already packed, or of another dtype or device, or that no
-    kernel takes, are left as they are."""
+    `packable_weight = True` by its packed copy. A module tied to it that declares
+    `reads_packed_rows = True` (an embedding sharing the LM head's table) gets the same packed
+    parameter where the packing is a plain panel one (`embedding` reads rows of it), so the
+    table is held once; any other tied module keeps the dense weight. A module that also
+    declares `packs_gated = True` holds a SwiGLU [gate | up] weight and multiplies with
+    `linear_swiglu`. Returns how many weights were packed: 0 when `dtype` or this CPU cannot
+    pack; weights already packed, or of another dtype or device, or that no kernel takes, are
+    left as they are."""
     if not cpu_packing_supported(dtype):
         return 0
+    holders: dict[int, list[nn.Module]] = {}  # id of a weight -> the modules holding it
+    for module in model.modules():
+        held = getattr(module, "weight", None)
+        if isinstance(held, torch.Tensor):
+            holders.setdefault(id(held), []).append(module)
     packed = 0
     for module in model.modules():
         weight = getattr(module, "weight", None) if getattr(module, "packable_weight", False) else None
@@ -130,7 +146,12 @@ def pack_module_weights(model: nn.Module, dtype: torch.dtype) -> int:
         packed_weight = pack_weight(weight, gated=getattr(module, "packs_gated", False))
         if packed_weight is weight:
             continue
-        module.weight = nn.Parameter(packed_weight, requires_grad=False)
+        parameter = nn.Parameter(packed_weight, requires_grad=False)
+        module.weight = parameter
+        if gemv.is_packed(packed_weight):
+            for tied in holders.get(id(weight), []):
+                if getattr(tied, "reads_packed_rows", False):
+                    tied.weight = parameter
         packed += 1
     return packed
 
