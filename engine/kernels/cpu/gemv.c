@@ -179,17 +179,19 @@ ALWAYS_INLINE void store_sums(const float *sums, int rows, int64_t row0, int64_t
     for (int r = 0; r < rows; r++) {
         const float *row = sums + r * PANEL;
         const int64_t out_row = (row0 + r) * e->ldo;
-        if (swiglu) {
+        if (swiglu) { /* in branch-free loops of 16, which vectorise (a bias test inside did not) */
             const int64_t col = col0 / 2;
-            for (int64_t c = 0; c < PANEL / 2; c++) {
-                float gate = row[c], up = row[PANEL / 2 + c];
-                if (e->bias) {
-                    gate += load_elem(e->bias, col + c, is_bf16);
-                    up += load_elem(e->bias, e->inter + col + c, is_bf16);
+            float gate[PANEL / 2], up[PANEL / 2];
+            for (int c = 0; c < PANEL / 2; c++) gate[c] = row[c], up[c] = row[PANEL / 2 + c];
+            if (e->bias)
+                for (int c = 0; c < PANEL / 2; c++) {
+                    gate[c] += load_elem(e->bias, col + c, is_bf16);
+                    up[c] += load_elem(e->bias, e->inter + col + c, is_bf16);
                 }
-                gate = round_elem(gate, is_bf16);
-                const float silu = round_elem(gate / (1.0f + exp_approx(-gate)), is_bf16);
-                store_elem(e->out, out_row + col + c, silu * round_elem(up, is_bf16), is_bf16);
+            for (int c = 0; c < PANEL / 2; c++) {
+                const float g = round_elem(gate[c], is_bf16);
+                const float silu = round_elem(g / (1.0f + exp_approx(-g)), is_bf16);
+                store_elem(e->out, out_row + col + c, silu * round_elem(up[c], is_bf16), is_bf16);
             }
         } else {
             const int64_t columns = e->n - col0 < PANEL ? e->n - col0 : PANEL;
