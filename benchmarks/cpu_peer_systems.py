@@ -19,6 +19,8 @@ import torch
 
 from benchmarks.cpu_peer_report import Timing
 from engine.core import EngineCore
+from engine.models.context import CausalLM
+from engine.runner.cpu_decoder_stack import CpuStackedLM
 from engine.sampling_params import SamplingParams
 
 RUNNER = Path(__file__).with_name("llamacpp_runner.py")
@@ -40,12 +42,15 @@ def copy_read_gbs(mib: int, repeats: int = 5) -> float:
     return src.nbytes / best / 1e9
 
 
-def model_weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of `model`'s parameters and persistent buffers in memory, each storage once
-    (a tied LM head counts once; an opaque oneDNN-packed weight by its elements)."""
+def model_weight_bytes(model: CausalLM) -> int:
+    """Bytes of the parameters and persistent buffers of a runner's model (the module itself
+    where the one-call decoder stack wraps it), each storage once (a tied LM head counts once;
+    an opaque oneDNN-packed weight by its elements)."""
+    module = model.model if isinstance(model, CpuStackedLM) else model
+    assert isinstance(module, torch.nn.Module), "every model family is an nn.Module"
     seen: set[int] = set()
     total = 0
-    for tensor in model.state_dict(keep_vars=True).values():
+    for tensor in module.state_dict(keep_vars=True).values():
         key = id(tensor) if tensor.is_mkldnn else tensor.untyped_storage().data_ptr()
         if key in seen:
             continue

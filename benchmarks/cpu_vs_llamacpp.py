@@ -42,7 +42,7 @@ import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -94,7 +94,7 @@ def native_engine(model: str, dtype: str, batch: int, fp32_bytes: int) -> tuple[
         engine = engine_for(model, dtype, batch)
     except (ValueError, NotImplementedError, TypeError) as exc:
         return None, f"engine --dtype {dtype} refused: {exc}"
-    held = model_weight_bytes(cast(torch.nn.Module, engine.runner.model))  # every family is an nn.Module
+    held = model_weight_bytes(engine.runner.model)
     if held > NATIVE_MAX_SHARE * fp32_bytes:
         return None, (
             f"engine --dtype {dtype} holds {held / 1e6:.0f} MB of weights as {engine.parts.dtype} "

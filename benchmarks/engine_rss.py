@@ -17,7 +17,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -31,7 +31,6 @@ def status_bytes(field: str) -> int:
 
 
 def measure_one(model: str, dtype: str) -> dict[str, Any]:
-    import torch
 
     from benchmarks.cpu_peer_report import prompt_ids
     from benchmarks.cpu_peer_systems import model_weight_bytes
@@ -51,7 +50,7 @@ def measure_one(model: str, dtype: str) -> dict[str, Any]:
         "resolved_dtype": str(engine.parts.dtype).removeprefix("torch."),
         "rss_bytes": status_bytes("VmRSS"),
         "peak_rss_bytes": status_bytes("VmHWM"),
-        "weight_bytes": model_weight_bytes(cast(torch.nn.Module, engine.runner.model)),
+        "weight_bytes": model_weight_bytes(engine.runner.model),
         "kv_pool_bytes": pool.k.nbytes + pool.v.nbytes,
     }
 
