@@ -34,8 +34,8 @@ from engine.config import ModelConfig
 from engine.kernels.cpu import gemv
 from engine.kernels.cpu.attention import MAX_EXTEND
 from engine.kernels.cpu.build import load
-from engine.kernels.cpu.quant_gemm import FORMATS
 from engine.kernels.cpu.linear import kernel_of
+from engine.kernels.cpu.quant_gemm import FORMATS
 from engine.kernels.rope import RotaryAngles
 from engine.models.context import CausalLM, ForwardContext
 from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM

@@ -67,8 +67,11 @@ def _functions() -> dict[str, Callable[..., int]] | None:
     for name in FORMATS:
         suffix = name.lower()
         # x, ldx, qweight, bias, out, ldo, m, n, k, threads -> 0, -1 out of memory, -2 k % 32
-        for kind in ("linear", "swiglu"):  # swiglu: n is inter, the weight [gate | up] of 2 inter rows
-            functions[f"{kind}_{name}"] = bind(library, f"{kind}_{suffix}", [_P, _I, _P, _P, _P, _I, _I, _I, _I, _N], _N)
+        # (swiglu: n is inter, the weight [gate | up] of 2 inter rows)
+        for kind in ("linear", "swiglu"):
+            functions[f"{kind}_{name}"] = bind(
+                library, f"{kind}_{suffix}", [_P, _I, _P, _P, _P, _I, _I, _I, _I, _N], _N
+            )
         # qweight, ids, count, out, ldo, k, threads -> 0, -2 k % 32
         functions[f"rows_{name}"] = bind(library, f"dequant_rows_{suffix}", [_P, _P, _I, _P, _I, _I, _N], _N)
     return functions
@@ -83,7 +86,8 @@ def function_address(fmt: str, swiglu: bool = False) -> int:
     functions = _functions()
     if functions is None:
         raise RuntimeError("the quantized CPU kernels are not built here")
-    function: Any = functions[f"{'swiglu' if swiglu else 'linear'}_{fmt}"]  # a ctypes function object behind the Callable type
+    # a ctypes function object behind the Callable type
+    function: Any = functions[f"{'swiglu' if swiglu else 'linear'}_{fmt}"]
     address = ctypes.cast(function, ctypes.c_void_p).value
     assert address is not None
     return address
