@@ -42,7 +42,7 @@ def copy_read_gbs(mib: int, repeats: int = 5) -> float:
     return src.nbytes / best / 1e9
 
 
-def model_weight_bytes(model: CausalLM) -> int:
+def model_weight_bytes(model: CausalLM | torch.nn.Module) -> int:
     """Bytes of the parameters and persistent buffers of a runner's model (the module itself
     where the one-call decoder stack wraps it), each storage once (a tied LM head counts once;
     an opaque oneDNN-packed weight by its elements)."""

@@ -109,13 +109,13 @@ def test_elementwise_at_every_isa_level(isa_level: str, dtype: torch.dtype, seed
     x, residual = (torch.randn(16, 576, generator=gen).to(dtype) for _ in range(2))
     weight = (1 + 0.1 * torch.randn(576, generator=gen)).to(dtype)
     steps = 2 if dtype == torch.bfloat16 else 0  # the fp32 mean's order (test_cpu_elementwise.py)
-    tolerance = {"rtol": max(steps * 2**-7, 2e-6), "atol": 2e-6}
+    rtol, atol = max(steps * 2**-7, 2e-6), 2e-6
     for got, expected in zip(
         elementwise.add_rms_norm(x, residual, weight, 1e-5), add_rms_norm_torch(x, residual, weight, 1e-5), strict=True
     ):
-        torch.testing.assert_close(got, expected, **tolerance)
+        torch.testing.assert_close(got, expected, rtol=rtol, atol=atol)
     gate_up = (4 * torch.randn(16, 3072, generator=gen)).to(dtype)
-    torch.testing.assert_close(elementwise.silu_and_mul(gate_up), silu_and_mul_torch(gate_up), **tolerance)
+    torch.testing.assert_close(elementwise.silu_and_mul(gate_up), silu_and_mul_torch(gate_up), rtol=rtol, atol=atol)
     q = torch.randn(16, 9, 64, generator=gen).to(dtype)
     cos, sin = rope_tables_torch(torch.arange(16), torch.randn(64, 64, generator=gen), dtype)
     torch.testing.assert_close(elementwise.rope(q, cos, sin), rotate_torch(q, cos, sin), rtol=2e-6, atol=2e-6)

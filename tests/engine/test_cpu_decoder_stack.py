@@ -9,6 +9,7 @@ serving its decode steps."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from engine.config import EngineConfig, SpeculativeConfig
 from engine.core import EngineCore
 from engine.kernels.cpu import gemm, gemv
 from engine.loader.load import load_model
+from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from engine.runner.cpu_decoder_stack import CpuDecoderStack
 from engine.sampling_params import SamplingParams
 from tests.engine.conftest import SHORT_PROMPTS, tiny_drafter_or_none
@@ -66,7 +68,8 @@ def test_one_call_stack_serves_the_python_layers_tokens(
 
 def test_stack_declines_what_it_cannot_run(tiny_model_dir: Path):
     loaded = load_model(str(tiny_model_dir), dtype=torch.float32, device="cpu", progress=False)
-    stack = CpuDecoderStack(list(loaded.model.model.layers), loaded.config)
+    layers = cast(LlamaForCausalLM, loaded.model).model.layers
+    stack = CpuDecoderStack([cast(LlamaDecoderLayer, layer) for layer in layers], loaded.config)
     assert not stack.runs_weights()  # dense weights: nothing packed for our kernels
 
 

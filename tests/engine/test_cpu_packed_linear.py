@@ -8,6 +8,7 @@ rounding. float32 weights pack for the vector kernel of gemv.c (tests/cpu_kernel
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from engine.kernels.cpu import elementwise as cpu_elementwise
 from engine.kernels.cpu import gemm, gemv
 from engine.kernels.cpu import linear as cpu_linear
 from engine.loader.load import load_model
+from engine.models.llama import LlamaForCausalLM
 from engine.sampling_params import SamplingParams
 from tests.engine.conftest import SHORT_PROMPTS, tiny_drafter_or_none
 from tests.engine.engine_driver import Finished, run
@@ -121,25 +123,20 @@ def test_dense_weight_takes_f_linear():
     assert torch.equal(cpu_linear.linear(x, weight), F.linear(x, weight))
 
 
-def test_float32_weights_pack_for_the_vector_kernel(tiny_model_dir: Path):
-    dense = load_model(str(tiny_model_dir), dtype=torch.float32, device="cpu", progress=False).model
-    packed = load_model(str(tiny_model_dir), dtype=torch.float32, device="cpu", progress=False).model
-    assert cpu_linear.pack_module_weights(packed, torch.float32) == 9  # 2 x (qkv, o, gate_up, down) + head
-    assert cpu_linear.kernel_of(packed.lm_head.weight) == "gemv"
-    hidden = torch.randn(7, dense.config.hidden_size)
-    torch.testing.assert_close(packed.compute_logits(hidden), dense.compute_logits(hidden), rtol=1e-5, atol=1e-5)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_tied_table_is_held_once_and_keeps_embeddings_and_logits(tiny_model_dir: Path, dtype: torch.dtype):
-    dense = load_model(str(tiny_model_dir), dtype=dtype, device="cpu", progress=False).model
-    packed = load_model(str(tiny_model_dir), dtype=dtype, device="cpu", progress=False).model
+    dense, packed = (
+        cast(LlamaForCausalLM, load_model(str(tiny_model_dir), dtype=dtype, device="cpu", progress=False).model)
+        for _ in range(2)
+    )
     if not cpu_linear.cpu_packing_supported(dtype):
         pytest.skip(f"{dtype} weights are not packed here")
     # 2 layers x (qkv, o, gate_up, down) + the LM head
     assert cpu_linear.pack_module_weights(packed, dtype) == 9
     assert cpu_linear.pack_module_weights(packed, dtype) == 0  # already packed
     head = packed.lm_head.weight
+    if dtype == torch.float32:
+        assert cpu_linear.kernel_of(head) == "gemv"  # fp32 has no other kernel of ours
     if gemv.is_packed(head):  # our panels: the embedding looks its rows up in the head's packing
         assert packed.model.embed_tokens.weight is head
     else:  # oneDNN's opaque layout: the embedding keeps its own table
@@ -148,8 +145,8 @@ def test_a_tied_table_is_held_once_and_keeps_embeddings_and_logits(tiny_model_di
     assert torch.equal(packed.model.embed_tokens(ids), dense.model.embed_tokens(ids))
     hidden = torch.randn(7, dense.config.hidden_size).to(dtype)
     # to bf16 rounding: oneDNN and our kernels sum in other orders than F.linear
-    tolerance = {"rtol": 2**-7, "atol": 1e-2} if dtype == torch.bfloat16 else {"rtol": 1e-5, "atol": 1e-5}
-    torch.testing.assert_close(packed.compute_logits(hidden), dense.compute_logits(hidden), **tolerance)
+    rtol, atol = (2**-7, 1e-2) if dtype == torch.bfloat16 else (1e-5, 1e-5)
+    torch.testing.assert_close(packed.compute_logits(hidden), dense.compute_logits(hidden), rtol=rtol, atol=atol)
 
 
 def _engine(model_dir: Path, pack: bool, monkeypatch: pytest.MonkeyPatch, drafter: Path | None = None) -> EngineCore:

