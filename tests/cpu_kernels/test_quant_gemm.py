@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.kernels.cpu import quant_gemm
+from engine.kernels.cpu import isa, quant_gemm
 from engine.kernels.cpu.quant_gemm import FORMATS, dequantize_torch, embedding_q, linear_q, linear_q_torch
 
 pytestmark = pytest.mark.skipif(not quant_gemm.available(), reason="no C compiler: the kernels cannot be built")
@@ -61,6 +61,26 @@ def test_linear_matches_the_dequantised_reference(fmt: str, m: int, n: int, k: i
         magnitude = x.abs() @ dequantize_torch(weight, fmt).abs().T + (0 if b is None else b.abs())
         assert got.shape == (m, n) and got.dtype == torch.float32
         assert_within_summation_order(got, expected, magnitude, k)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("n", [37, 576])  # a tail group of output features, and none
+def test_few_rows_in_registers_equal_the_buffered_panels_bit_for_bit(fmt: str, n: int, seed: int):
+    """A few rows (decode) dequantise each block into registers, more rows into a buffered
+    panel: the same products summed in the same order by the x86 builds' FMA intrinsics, so
+    each row's output is the same. The portable build's plain vector arithmetic may be
+    reassociated by the compiler (-fassociative-math): there, the summation-order bound."""
+    gen = np.random.default_rng(seed)
+    weight = random_blocks(fmt, n, 576, gen)
+    x = torch.from_numpy(gen.standard_normal((16, 576), dtype=np.float32))
+    many = linear_q(x, weight, fmt)
+    magnitude = x.abs() @ dequantize_torch(weight, fmt).abs().T
+    for rows in (slice(0, 1), slice(7, 8), slice(15, 16), slice(0, 2)):
+        few = linear_q(x[rows], weight, fmt)
+        if isa.target().level == "portable":
+            assert_within_summation_order(few, many[rows], magnitude[rows], 576)
+        else:
+            assert torch.equal(few, many[rows])
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))

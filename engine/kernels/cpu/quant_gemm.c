@@ -6,15 +6,17 @@
        Q4_1  20 bytes per 32 weights: fp16 d, fp16 m, u8 qs[16]   w[j] = d * (qs[j] & 15) + m,
                                                                   w[j + 16] = d * (qs[j] >> 4) + m
 
-   The weights are dequantised inside the kernel, a panel of a few rows at a time into a
-   per-thread fp32 buffer that stays in cache, and never expanded in memory: the step streams
+   The weights are dequantised inside the kernel and never expanded in memory: with a few
+   input rows (m <= MR: decode) each block straight into vector registers where it is
+   multiplied; with more, a panel of weight rows at a time into a per-thread fp32 buffer
+   that stays in cache, so each weight is dequantised once per call. The step streams
    the file's bytes (0.625 bytes a weight for Q4_1, 1.0625 for Q8_0, against 4 for fp32), which
    is what bounds a decode step. Each dequantised value is the one gguf.quants.dequantize gives
    (d * q is exact in fp32: 11 significant bits times at most 8, so fused or not, the sum
    with m rounds once), so the product differs from F.linear on the dequantised matrix only in
    the order of its fp32 sums.
 
-   Threads take panels of output rows. In a panel the rows are multiplied MR input rows by
+   Threads take groups or panels of output rows. The rows are multiplied MR input rows by
    NR weight rows at a time (MR x NR vector accumulators over K, each summed across its lanes
    at the end): the AVX-512 and AVX2 paths with intrinsics, elsewhere (ARM64) GCC's generic
    vectors. K must be a multiple of 32 (a whole number of blocks, as GGUF requires). */
@@ -32,6 +34,7 @@
 
 #define BLOCK 32   /* weights per block, both formats */
 #define NR 4       /* weight rows per micro-kernel */
+#define PREFETCH_BLOCKS 64 /* blocks ahead that the few-rows kernel prefetches in each weight row's stream */
 #define PANEL_BYTES (128 * 1024) /* dequantised panel per thread: fits L2, leaves room for x */
 
 enum format { Q8_0 = 0, Q4_1 = 1 };
@@ -61,67 +64,6 @@ static inline uint16_t read_u16(const uint8_t *p) {
     return value;
 }
 
-/* ---- dequantisation of one row of k weights (k / 32 blocks at src) into dst ---- */
-
-static void dequant_row_q8_0(const uint8_t *src, float *dst, int64_t k) {
-    for (int64_t b = 0; b < k / BLOCK; b++, src += 34, dst += BLOCK) {
-        const float d = fp16_to_float(read_u16(src));
-        const int8_t *q = (const int8_t *)(src + 2);
-#if defined(__AVX512F__)
-        const __m512 scale = _mm512_set1_ps(d);
-        for (int half = 0; half < 2; half++) {
-            const __m128i bytes = _mm_loadu_si128((const __m128i *)(q + 16 * half));
-            _mm512_storeu_ps(dst + 16 * half, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), scale));
-        }
-#elif defined(__AVX2__) && defined(__FMA__)
-        const __m256 scale = _mm256_set1_ps(d);
-        for (int quarter = 0; quarter < 4; quarter++) {
-            const __m128i bytes = _mm_loadl_epi64((const __m128i *)(q + 8 * quarter));
-            _mm256_storeu_ps(dst + 8 * quarter, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), scale));
-        }
-#else
-        for (int j = 0; j < BLOCK; j++) dst[j] = (float)q[j] * d;
-#endif
-    }
-}
-
-static void dequant_row_q4_1(const uint8_t *src, float *dst, int64_t k) {
-    for (int64_t b = 0; b < k / BLOCK; b++, src += 20, dst += BLOCK) {
-        const float d = fp16_to_float(read_u16(src)), m = fp16_to_float(read_u16(src + 2));
-        const uint8_t *qs = src + 4;
-#if defined(__AVX512F__)
-        const __m128i bytes = _mm_loadu_si128((const __m128i *)qs), low4 = _mm_set1_epi8(0x0f);
-        const __m128i low = _mm_and_si128(bytes, low4), high = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);
-        const __m512 scale = _mm512_set1_ps(d), offset = _mm512_set1_ps(m);
-        _mm512_storeu_ps(dst, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(low)), scale, offset));
-        _mm512_storeu_ps(dst + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(high)), scale, offset));
-#elif defined(__AVX2__) && defined(__FMA__)
-        const __m128i bytes = _mm_loadu_si128((const __m128i *)qs), low4 = _mm_set1_epi8(0x0f);
-        const __m128i nibbles[2] = {_mm_and_si128(bytes, low4), _mm_and_si128(_mm_srli_epi16(bytes, 4), low4)};
-        const __m256 scale = _mm256_set1_ps(d), offset = _mm256_set1_ps(m);
-        for (int half = 0; half < 2; half++) {
-            const __m128i part = nibbles[half];
-            const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part));
-            const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(part, 8)));
-            _mm256_storeu_ps(dst + 16 * half, _mm256_fmadd_ps(q0, scale, offset));
-            _mm256_storeu_ps(dst + 16 * half + 8, _mm256_fmadd_ps(q1, scale, offset));
-        }
-#else
-        for (int j = 0; j < BLOCK / 2; j++) {
-            dst[j] = (float)(qs[j] & 0x0f) * d + m;
-            dst[j + BLOCK / 2] = (float)(qs[j] >> 4) * d + m;
-        }
-#endif
-    }
-}
-
-static inline void dequant_row(enum format format, const uint8_t *src, float *dst, int64_t k) {
-    if (format == Q8_0)
-        dequant_row_q8_0(src, dst, k);
-    else
-        dequant_row_q4_1(src, dst, k);
-}
-
 /* ---- the vector type of the micro-kernel ---- */
 
 #if defined(__AVX512F__)
@@ -130,19 +72,56 @@ typedef __m512 vec;
 #define MR 4 /* 16 accumulators + 4 weight vectors of 32 registers */
 #define vzero() _mm512_setzero_ps()
 #define vload(p) _mm512_loadu_ps(p)
+#define vstore(p, v) _mm512_storeu_ps(p, v)
 #define vfma(a, b, c) _mm512_fmadd_ps(a, b, c)
 static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+/* The 32 weights of the block at src, dequantised into two vectors. */
+ALWAYS_INLINE void dequant_block(const enum format format, const uint8_t *src, vec w[BLOCK / VL]) {
+    const __m512 scale = _mm512_set1_ps(fp16_to_float(read_u16(src)));
+    if (format == Q8_0) {
+        for (int half = 0; half < 2; half++) {
+            const __m128i bytes = _mm_loadu_si128((const __m128i *)(src + 2 + 16 * half));
+            w[half] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), scale);
+        }
+    } else {
+        const __m128i bytes = _mm_loadu_si128((const __m128i *)(src + 4)), low4 = _mm_set1_epi8(0x0f);
+        const __m128i nibbles[2] = {_mm_and_si128(bytes, low4), _mm_and_si128(_mm_srli_epi16(bytes, 4), low4)};
+        const __m512 offset = _mm512_set1_ps(fp16_to_float(read_u16(src + 2)));
+        for (int half = 0; half < 2; half++)
+            w[half] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nibbles[half])), scale, offset);
+    }
+}
 #elif defined(__AVX2__) && defined(__FMA__)
 typedef __m256 vec;
 #define VL 8
 #define MR 2 /* 8 accumulators + 4 weight vectors of 16 registers */
 #define vzero() _mm256_setzero_ps()
 #define vload(p) _mm256_loadu_ps(p)
+#define vstore(p, v) _mm256_storeu_ps(p, v)
 #define vfma(a, b, c) _mm256_fmadd_ps(a, b, c)
 static inline float vsum(vec v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+ALWAYS_INLINE void dequant_block(const enum format format, const uint8_t *src, vec w[BLOCK / VL]) {
+    const __m256 scale = _mm256_set1_ps(fp16_to_float(read_u16(src)));
+    if (format == Q8_0) {
+        for (int quarter = 0; quarter < 4; quarter++) {
+            const __m128i bytes = _mm_loadl_epi64((const __m128i *)(src + 2 + 8 * quarter));
+            w[quarter] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), scale);
+        }
+    } else {
+        const __m128i bytes = _mm_loadu_si128((const __m128i *)(src + 4)), low4 = _mm_set1_epi8(0x0f);
+        const __m128i nibbles[2] = {_mm_and_si128(bytes, low4), _mm_and_si128(_mm_srli_epi16(bytes, 4), low4)};
+        const __m256 offset = _mm256_set1_ps(fp16_to_float(read_u16(src + 2)));
+        for (int half = 0; half < 2; half++) {
+            const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(nibbles[half]));
+            const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(nibbles[half], 8)));
+            w[2 * half] = _mm256_fmadd_ps(q0, scale, offset);
+            w[2 * half + 1] = _mm256_fmadd_ps(q1, scale, offset);
+        }
+    }
 }
 #else
 typedef float vec __attribute__((vector_size(16))); /* NEON's width; GCC splits or joins it elsewhere */
@@ -154,13 +133,46 @@ static inline vec vload(const float *p) {
     memcpy(&v, p, sizeof v);
     return v;
 }
+static inline void vstore(float *p, vec v) { memcpy(p, &v, sizeof v); }
 #define vfma(a, b, c) ((a) * (b) + (c))
 static inline float vsum(vec v) {
     float s = 0.0f;
     for (int i = 0; i < VL; i++) s += v[i];
     return s;
 }
+ALWAYS_INLINE void dequant_block(const enum format format, const uint8_t *src, vec w[BLOCK / VL]) {
+    const float d = fp16_to_float(read_u16(src));
+    float values[BLOCK];
+    if (format == Q8_0) {
+        for (int j = 0; j < BLOCK; j++) values[j] = (float)(int8_t)src[2 + j] * d;
+    } else {
+        const float m = fp16_to_float(read_u16(src + 2));
+        for (int j = 0; j < BLOCK / 2; j++) {
+            values[j] = (float)(src[4 + j] & 0x0f) * d + m;
+            values[j + BLOCK / 2] = (float)(src[4 + j] >> 4) * d + m;
+        }
+    }
+    memcpy(w, values, sizeof values);
+}
 #endif
+
+#define VPB (BLOCK / VL) /* vectors per block */
+
+/* Row of k weights (k / 32 blocks at src) -> dst, dequantised. */
+ALWAYS_INLINE void dequant_row_of(const enum format format, const uint8_t *src, float *dst, int64_t k) {
+    for (int64_t b = 0; b < k / BLOCK; b++) {
+        vec w[VPB];
+        dequant_block(format, src + b * BLOCK_BYTES[format], w);
+        for (int v = 0; v < VPB; v++) vstore(dst + b * BLOCK + v * VL, w[v]);
+    }
+}
+
+static void dequant_row(enum format format, const uint8_t *src, float *dst, int64_t k) {
+    if (format == Q8_0)
+        dequant_row_of(Q8_0, src, dst, k);
+    else
+        dequant_row_of(Q4_1, src, dst, k);
+}
 
 /* out[i][r] (+ bias[r]) = x[i] . w[r] for rows < rows_m (<= MR) of x and NR rows of w (K
    floats each, row stride k). `rows_m` is a literal at each call, so each count gets its own
@@ -204,19 +216,76 @@ static void panel_product(const float *x, int64_t ldx, const float *w, const flo
     }
 }
 
+/* micro_kernel's sums for rows < rows_m (<= MR, a literal) of x and NR weight rows held as
+   blocks (row stride row_bytes), each block dequantised into registers where it is used:
+   the same products, summed in the same order (k ascending, lane by lane), so the same bits,
+   without a buffer. Rows past rows_n read the last row again and are not stored. */
+ALWAYS_INLINE void block_kernel(const enum format format, const float *x, int64_t ldx, const uint8_t *w,
+                                int64_t row_bytes, int64_t k, const float *bias, float *out, int64_t ldo,
+                                const int rows_m, int rows_n) {
+    vec acc[MR][NR];
+    for (int i = 0; i < MR; i++)
+        for (int r = 0; r < NR; r++) acc[i][r] = vzero();
+    const uint8_t *rows[NR];
+    for (int r = 0; r < NR; r++) rows[r] = w + (r < rows_n ? r : rows_n - 1) * row_bytes;
+    for (int64_t b = 0; b < k / BLOCK; b++)
+        for (int r = 0; r < NR; r++) {
+            vec wv[VPB];
+            /* NR interleaved streams defeat the hardware prefetcher: each asks ahead, into the
+               next rows where a row is shorter (a prefetch past the weight's end is harmless) */
+            __builtin_prefetch(rows[r] + (b + PREFETCH_BLOCKS) * BLOCK_BYTES[format]);
+            dequant_block(format, rows[r] + b * BLOCK_BYTES[format], wv);
+            for (int i = 0; i < rows_m; i++)
+                for (int v = 0; v < VPB; v++)
+                    acc[i][r] = vfma(vload(x + i * ldx + b * BLOCK + v * VL), wv[v], acc[i][r]);
+        }
+    for (int i = 0; i < rows_m; i++)
+        for (int r = 0; r < rows_n; r++) out[i * ldo + r] = vsum(acc[i][r]) + (bias ? bias[r] : 0.0f);
+}
+
+/* The few-rows product (m <= MR: decode, small verify windows), threads taking groups of NR
+   output features: each weight byte is read once, straight into registers. */
+ALWAYS_INLINE void linear_few_rows(const enum format format, const float *x, int64_t ldx, const uint8_t *weight,
+                                   const float *bias, float *out, int64_t ldo, int64_t m, int64_t n, int64_t k,
+                                   int threads) {
+    const int64_t row_bytes = k / BLOCK * BLOCK_BYTES[format];
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t n0 = 0; n0 < n; n0 += NR) {
+        const int rows_n = (int)(n - n0 < NR ? n - n0 : NR);
+        const uint8_t *w = weight + n0 * row_bytes;
+        const float *b = bias ? bias + n0 : NULL;
+        switch (m) { /* literal row counts: unrolled accumulators */
+#define ROWS_OF(M) \
+    case M: block_kernel(format, x, ldx, w, row_bytes, k, b, out + n0, ldo, M, rows_n); break;
+            ROWS_OF(1)
+            ROWS_OF(2)
+#if MR > 2
+            ROWS_OF(3)
+            ROWS_OF(4)
+#endif
+#undef ROWS_OF
+            default: break;
+        }
+    }
+}
+
 static int linear_quant(enum format format, const float *x, int64_t ldx, const void *qweight, const float *bias,
                         float *out, int64_t ldo, int64_t m, int64_t n, int64_t k, int threads) {
     if (k % BLOCK) return -2;
     if (m <= 0 || n <= 0) return 0;
-    /* Few input rows: a panel of NR rows, dequantised and used at once from L1. Many: the
-       largest panel that fits PANEL_BYTES, so each weight is dequantised once per call. */
-    int64_t panel = NR;
-    if (m > MR) {
-        panel = PANEL_BYTES / ((int64_t)sizeof(float) * k) / NR * NR;
-        panel = panel < NR ? NR : panel;
-    }
-    const int64_t panels = (n + panel - 1) / panel, row_bytes = k / BLOCK * BLOCK_BYTES[format];
     if (threads < 1) threads = 1;
+    if (m <= MR) {
+        if (format == Q8_0)
+            linear_few_rows(Q8_0, x, ldx, qweight, bias, out, ldo, m, n, k, threads);
+        else
+            linear_few_rows(Q4_1, x, ldx, qweight, bias, out, ldo, m, n, k, threads);
+        return 0;
+    }
+    /* Many rows: the largest panel of weight rows that fits PANEL_BYTES, dequantised into a
+       per-thread buffer once per call and multiplied from cache. */
+    int64_t panel = PANEL_BYTES / ((int64_t)sizeof(float) * k) / NR * NR;
+    panel = panel < NR ? NR : panel;
+    const int64_t panels = (n + panel - 1) / panel, row_bytes = k / BLOCK * BLOCK_BYTES[format];
     if (threads > panels) threads = (int)panels;
     float *buffers = aligned_alloc(64, (size_t)(threads * panel * k) * sizeof(float)); /* k % 32 == 0: a multiple of 64 bytes */
     if (!buffers) return -1;
