@@ -10,6 +10,7 @@ from typing import cast
 import torch
 
 from engine.config import EngineConfig, ModelConfig
+from engine.kernels.cpu import quant_gemm
 from engine.kernels.cpu.linear import pack_module_weights
 from engine.kv.budget import DeviceMemory, kv_budget_bytes
 from engine.kv.manager import KVManager
@@ -68,8 +69,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def quantized_weights(name: str, device: torch.device) -> bool:
     """Whether dtype `name` on `device` serves a GGUF's block-quantized tensors as stored (with
-    float32 activations): `auto` on CPU (docs/design.md §2.9). Other checkpoints load dense."""
-    return name == "auto" and device.type == "cpu"
+    float32 activations): `auto` on CPU where the block kernels are built (docs/design.md
+    §2.9; without a C compiler, or with them off, the tensors load dense). Other checkpoints
+    load dense."""
+    return name == "auto" and device.type == "cpu" and quant_gemm.available()
 
 
 def _free_gpu_bytes(device: torch.device) -> int | None:
