@@ -77,18 +77,24 @@ typedef __m512 vec;
 static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
 /* The 32 weights of the block at src, dequantised into two vectors. */
 ALWAYS_INLINE void dequant_block(const enum format format, const uint8_t *src, vec w[BLOCK / VL]) {
-    const __m512 scale = _mm512_set1_ps(fp16_to_float(read_u16(src)));
     if (format == Q8_0) {
+        const __m512 scale = _mm512_set1_ps(fp16_to_float(read_u16(src)));
         for (int half = 0; half < 2; half++) {
             const __m128i bytes = _mm_loadu_si128((const __m128i *)(src + 2 + 16 * half));
             w[half] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), scale);
         }
-    } else {
-        const __m128i bytes = _mm_loadu_si128((const __m128i *)(src + 4)), low4 = _mm_set1_epi8(0x0f);
-        const __m128i nibbles[2] = {_mm_and_si128(bytes, low4), _mm_and_si128(_mm_srli_epi16(bytes, 4), low4)};
-        const __m512 offset = _mm512_set1_ps(fp16_to_float(read_u16(src + 2)));
-        for (int half = 0; half < 2; half++)
-            w[half] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nibbles[half])), scale, offset);
+    } else { /* the 16 values q d + m as a table, looked up by each nibble (vpermps reads an
+                index's low 4 bits, so the low nibble needs no mask and the high one a shift) */
+        uint32_t scale_min; /* fp16 d and m, converted together */
+        memcpy(&scale_min, src, sizeof scale_min);
+        const __m512 both = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128((int)scale_min)));
+        const __m512 scale = _mm512_broadcastss_ps(_mm512_castps512_ps128(both));
+        const __m512 offset = _mm512_permutexvar_ps(_mm512_set1_epi32(1), both);
+        const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512 table = _mm512_fmadd_ps(levels, scale, offset);
+        const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(src + 4)));
+        w[0] = _mm512_permutexvar_ps(bytes, table);
+        w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
     }
 }
 #elif defined(__AVX2__) && defined(__FMA__)
