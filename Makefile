@@ -93,3 +93,22 @@ CLUSTER_SMOKE_ARGS ?=
 
 cluster-smoke: install
 	PYTHONPATH="$(CURDIR)" $(TEST_ENV) $(PY) -m scripts.cluster_smoke $(CLUSTER_SMOKE_ARGS)
+
+# llama.cpp, the CPU peer of benchmarks/cpu_vs_llamacpp.py: llama-cpp-python built from source
+# for this CPU (GGML_NATIVE) in a virtualenv of its own, outside .venv: a benchmark dependency,
+# never a runtime one. gguf is there for the f32 conversion's fallback. About 6 minutes on 2 cores.
+LLAMACPP_VENV := .bench/llamacpp-venv
+LLAMACPP_PIN := llama-cpp-python==0.3.36
+LLAMACPP_STAMP := $(LLAMACPP_VENV)/.built-$(subst ==,-,$(LLAMACPP_PIN))
+.PHONY: llamacpp-peer
+
+llamacpp-peer: $(LLAMACPP_STAMP)
+
+$(LLAMACPP_STAMP):
+	$(PYTHON) -m venv $(LLAMACPP_VENV)
+	$(LLAMACPP_VENV)/bin/python -m pip install -q --upgrade pip
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+	  $(LLAMACPP_VENV)/bin/python -m pip install -q --no-binary llama-cpp-python --no-cache-dir \
+	  "$(LLAMACPP_PIN)" "gguf==0.19.0" "numpy"
+	rm -f $(LLAMACPP_VENV)/.built-*
+	touch $@

@@ -15,9 +15,9 @@ Three parts, each printing a table:
 3. The engine's decode step with the embedded SmolLM2 (bf16 and fp32, batch 1 and 16, the
    prompts of benchmarks/smollm2_offline.py, steady state after 40 steps): with all the
    kernels (`DSPARK_CPU_KERNELS=1`), without the one-call decoder stack
-   (`attention,elementwise,gemm`: the layers' Python forward), without the GEMM kernel
-   either (`attention,elementwise`: the linears on oneDNN) and without any (`0`); the middle
-   two in bf16 only (fp32 takes neither). Each in a fresh process, alternating for --rounds
+   (`attention,elementwise,gemm,gemv`: the layers' Python forward), without our linear kernels
+   either (`attention,elementwise`: bf16 linears on oneDNN, fp32 on torch's dense F.linear) and
+   without any (`0`). Each in a fresh process, alternating for --rounds
    rounds so that a slow spell of a shared machine falls on all; the table gives the median
    ms per step and the ratios.
 """
@@ -167,8 +167,10 @@ def step_ms(dtype: str, batch: int, steps: int) -> float:
     return statistics.median(times) * 1e3
 
 
-# DSPARK_CPU_KERNELS settings: everything, no one-call decoder stack, no GEMM kernel either, none
-KERNEL_SETS = {"all": "1", "no_stack": "attention,elementwise,gemm", "no_gemm": "attention,elementwise", "none": "0"}
+# DSPARK_CPU_KERNELS settings: everything, no one-call decoder stack, no linear kernel of ours either, none
+KERNEL_SETS = {
+    "all": "1", "no_stack": "attention,elementwise,gemm,gemv", "no_gemm": "attention,elementwise", "none": "0"
+}  # fmt: skip
 
 
 def engine_rows(rounds: int, steps: int) -> list[dict[str, Any]]:
@@ -177,8 +179,6 @@ def engine_rows(rounds: int, steps: int) -> list[dict[str, Any]]:
     for _ in range(rounds):
         for dtype, batch in cases:
             for name, kernels in KERNEL_SETS.items():
-                if dtype == "float32" and name in ("no_stack", "no_gemm"):
-                    continue  # fp32 linears stay on MKL and layers in Python either way
                 env = dict(os.environ, DSPARK_CPU_KERNELS=kernels)
                 command = [sys.executable, __file__, "--child", f"{dtype},{batch},{steps}"]
                 out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout

@@ -8,12 +8,13 @@
 - Hugging Face transformers `generate` on the same prompts and weights (the peer).
 
     python benchmarks/smollm2_offline.py [--device cpu|cuda] [--model smollm2-135m|PATH.gguf]
-        [--dtype float32|bfloat16] [--drafter DIR] [--gammas 7,4] [--spec-max-batch-size N]
+        [--dtype float32|bfloat16|auto] [--drafter DIR] [--gammas 7,4] [--spec-max-batch-size N]
         [--batches 1,16] [--new-tokens 64]
         [--min-prompts 8] [--out results.json]
 
---dtype defaults to float32 on CPU and bfloat16 on a GPU (with CUDA graphs), the engine's
-defaults; every system runs in the same dtype.
+--dtype defaults to float32 on CPU and bfloat16 on a GPU (with CUDA graphs); every system
+runs in the same dtype. `--dtype auto` on CPU gives the engine the GGUF's own Q8_0/Q4_1 blocks
+(docs/design.md §2.9) with float32 activations, and transformers the float32 dequantised file.
 
 Every system gets the same held-out chat prompts (conversations the shipped drafter never
 trained on), in the same waves of `batch` prompts (at least --min-prompts prompts per batch
@@ -166,7 +167,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", default="smollm2-135m", help="alias or GGUF path of SmolLM2-135M-Instruct")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: float32 on CPU, else bfloat16")
+    parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16", "auto"), help="default: float32 on CPU, else bfloat16"
+    )
     parser.add_argument("--drafter", type=Path, help="drafter directory (default: the shipped one)")
     parser.add_argument("--gammas", default="", help="DSpark block sizes, e.g. 7,4 (default: the drafter's)")
     parser.add_argument(
@@ -185,8 +188,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     parser.add_argument("--skip-hf", action="store_true")
     args = parser.parse_args()
-    dtype = getattr(torch, args.dtype or ("float32" if args.device == "cpu" else "bfloat16"))
-    loaded = load_model(args.model, dtype=dtype, device=args.device, progress=False)
+    quantized = args.dtype == "auto" and args.device == "cpu"  # the engine's `auto`: the file's blocks
+    dense_dtype = "float32" if args.device == "cpu" else "bfloat16"
+    dtype = getattr(torch, dense_dtype if args.dtype in (None, "auto") else args.dtype)
+    loaded = load_model(args.model, dtype=dtype, device=args.device, progress=False, quantized=quantized)
     drafter = args.drafter or shipped_drafter("smollm2-135m")
     gammas: list[int | None] = [int(g) for g in args.gammas.split(",")] if args.gammas else [None]
     dspark_names = [] if drafter is None else ["engine_dspark" if g is None else f"engine_dspark_g{g}" for g in gammas]
@@ -194,6 +199,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "device": args.device,
         "dtype": str(dtype),
+        "weights": "gguf blocks" if quantized else "dense",
         "machine": machine_name(args.device),
         "commit": git_commit(),
         "threads": torch.get_num_threads(),
@@ -220,7 +226,7 @@ def main() -> None:
             config = EngineConfig(
                 model=args.model,
                 device=args.device,
-                dtype=str(dtype).removeprefix("torch."),
+                dtype="auto" if quantized else str(dtype).removeprefix("torch."),
                 max_num_seqs=max(batch, 1),
                 max_model_len=2048,
                 enable_prefix_cache=False,

@@ -141,7 +141,8 @@ class SpeculativeConfig:
 class EngineConfig:
     model: str = "smollm2-135m"
     tokenizer: str | None = None  # None: from the model
-    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on GPU
+    # auto: bfloat16 on GPU; float32 on CPU, where a GGUF's quantized tensors stay quantized
+    dtype: str = "auto"
     device: str = "auto"  # auto: cuda when available, else cpu
     seed: int = 0
     max_model_len: int | None = None  # None: the model's own context length

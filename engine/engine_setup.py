@@ -10,6 +10,7 @@ from typing import cast
 import torch
 
 from engine.config import EngineConfig, ModelConfig
+from engine.kernels.cpu import quant_gemm
 from engine.kernels.cpu.linear import pack_module_weights
 from engine.kv.budget import DeviceMemory, kv_budget_bytes
 from engine.kv.manager import KVManager
@@ -49,6 +50,8 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The activations' (and KV cache's) dtype; `auto` on CPU also keeps a GGUF's quantized
+    weights in their formats (`quantized_weights`)."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     dtypes = {
@@ -62,6 +65,14 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name not in dtypes:
         raise ValueError(f"dtype: {name!r} is not one of {', '.join(dtypes)} or 'auto'")
     return dtypes[name]
+
+
+def quantized_weights(name: str, device: torch.device) -> bool:
+    """Whether dtype `name` on `device` serves a GGUF's block-quantized tensors as stored (with
+    float32 activations): `auto` on CPU where the block kernels are built (docs/design.md
+    §2.9; without a C compiler, or with them off, the tensors load dense). Other checkpoints
+    load dense."""
+    return name == "auto" and device.type == "cpu" and quant_gemm.available()
 
 
 def _free_gpu_bytes(device: torch.device) -> int | None:
@@ -92,6 +103,7 @@ def build_engine_parts(
             device=device,
             tokenizer=config.tokenizer,
             tensor_parallel_size=config.tensor_parallel_size,
+            quantized=quantized_weights(config.dtype, device),
         )
     if device.type == "cpu":
         pack_module_weights(loaded.model, dtype)  # bf16/fp16 on a CPU with the instructions for it

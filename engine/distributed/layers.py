@@ -15,11 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.distributed.parallel import all_gather, all_reduce, divide, tp_rank, tp_size
-from engine.kernels.cpu.linear import linear, linear_swiglu
+from engine.kernels.cpu.linear import embedding, linear, linear_swiglu
 
 
 def _check_shape(name: str, full: torch.Tensor, expected: tuple[int, ...]) -> None:
@@ -187,6 +186,8 @@ class VocabParallelEmbedding(nn.Module):
     rank's tail is zero padding); ids outside a rank's range look up zeros there, and one
     all-reduce assembles the full embedding."""
 
+    reads_packed_rows = True  # a tied LM head's CPU packing serves the lookup (cpu/linear.py)
+
     def __init__(self, num_embeddings: int, embedding_dim: int):
         super().__init__()
         self.tp_size, self.tp_rank = tp_size(), tp_rank()
@@ -205,10 +206,10 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.embedding(input_ids, self.weight)
+            return embedding(input_ids, self.weight)
         outside = (input_ids < self.vocab_start) | (input_ids >= self.vocab_end)
         local_ids = (input_ids - self.vocab_start).masked_fill(outside, 0)
-        y = F.embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        y = embedding(local_ids, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
         return all_reduce(y)
 
 
@@ -216,7 +217,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     """The output projection hidden → vocab, split by vocabulary rows like the embedding (so a
     tied head can share the embedding's parameter). Logits are gathered to the full vocab."""
 
-    packable_weight = True  # packing unties a tied head: the embedding keeps the dense table
+    packable_weight = True  # a tied embedding then reads its rows from the packing
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [R, H] -> [R, V]
         logits = linear(hidden, self.weight)

@@ -1,7 +1,8 @@
 """GGUF checkpoints (llama.cpp's format): metadata → ModelConfig, tensors → float32 with
-Hugging Face names.
+Hugging Face names, or, for a quantized CPU engine, the block-quantized tensors as stored.
 
-Tensors are dequantised with `gguf.quants.dequantize`. Three things differ from a Hugging
+Tensors are dequantised with `gguf.quants.dequantize`, except those a quantized engine keeps
+in their block format (`block_formats`, docs/design.md §2.9). Three things differ from a Hugging
 Face checkpoint and are undone here:
 
 - names: `blk.N.attn_q.weight` → `model.layers.N.self_attn.q_proj.weight`, etc.;
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 from engine.config import ModelConfig, RopeScaling
+from engine.kernels.cpu.quant_gemm import FORMATS, BlockTensor
 from engine.loader.resolve import ModelNotFoundError
 
 # GGUF general.architecture -> registry key
@@ -220,17 +222,37 @@ def reverse_qk_permute(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
 
 
-def iter_gguf_tensors(ckpt: GGUFCheckpoint) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, float32 tensor) for each parameter tensor, dequantised one at a time."""
+def block_formats(ckpt: GGUFCheckpoint) -> dict[str, str]:
+    """Hugging Face weight name -> GGUF block format, for each 2-D tensor stored in a format
+    the quantized CPU kernels serve (engine/kernels/cpu/quant_gemm.py)."""
+    formats = {}
+    for tensor in ckpt.reader.tensors:
+        name = hf_name(tensor.name)
+        fmt = tensor.tensor_type.name
+        if name is not None and fmt in FORMATS and len(tensor.shape) == 2:
+            formats[name] = fmt
+    return formats
+
+
+def iter_gguf_tensors(
+    ckpt: GGUFCheckpoint, keep_blocks: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor | BlockTensor]]:
+    """(Hugging Face name, tensor) for each parameter tensor, one at a time: the raw blocks of
+    those named in `keep_blocks` (block_formats), the others dequantised to float32."""
     config = ckpt.config
     permute = ckpt.architecture in _PERMUTED_QK
     for tensor in ckpt.reader.tensors:
         name = hf_name(tensor.name)
         if name is None:
             continue
-        values = torch.from_numpy(np.require(_dequantize(tensor), dtype=np.float32, requirements=["C", "W"]))
+        if name in keep_blocks:
+            # [N, K / 32 * block_bytes] uint8, a view of the file: row n holds output feature n's
+            # blocks, so permuting q/k rows moves whole rows of blocks.
+            values = torch.from_numpy(np.require(tensor.data, dtype=np.uint8, requirements=["C", "W"]))
+        else:
+            values = torch.from_numpy(np.require(_dequantize(tensor), dtype=np.float32, requirements=["C", "W"]))
         if permute and ".self_attn.q_proj." in name:
             values = reverse_qk_permute(values, config.num_heads)
         elif permute and ".self_attn.k_proj." in name:
             values = reverse_qk_permute(values, config.num_kv_heads)
-        yield name, values
+        yield name, BlockTensor(tensor.tensor_type.name, values) if name in keep_blocks else values

@@ -2,6 +2,9 @@
 tensors into this rank's shards → tokenizer.
 
     model, config, tokenizer = load_model("smollm2-135m", dtype="float32", device="cpu")
+
+With `quantized=True` on CPU, a GGUF's block-quantized tensors stay in their formats, served
+by the layers of engine/models/quantized.py (docs/design.md §2.9).
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +22,15 @@ from tqdm.auto import tqdm
 
 from engine.config import ModelConfig
 from engine.distributed.parallel import tp_rank, tp_size
-from engine.loader.gguf import iter_gguf_tensors, open_gguf
+from engine.kernels.cpu.quant_gemm import BlockTensor
+from engine.loader.gguf import block_formats, iter_gguf_tensors, open_gguf
 from engine.loader.hf import count_safetensors, iter_safetensors, load_hf_config, safetensors_files
 from engine.loader.resolve import ModelSource, resolve_model
 from engine.loader.tokenizer import Tokenizer
+from engine.models.quantized import quantize_modules
 from engine.models.registry import get_model_class
+
+Tensors = Iterator[tuple[str, torch.Tensor | BlockTensor]]
 
 _DTYPES = {
     "float32": torch.float32,
@@ -55,10 +62,13 @@ class Checkpoint:
     source: ModelSource
     config: ModelConfig
     num_tensors: int
-    _tensors: Callable[[], Iterator[tuple[str, torch.Tensor]]]
+    # names -> tensors, those named streamed as their raw blocks (a GGUF's), the rest dense
+    _tensors: Callable[[frozenset[str]], Tensors]
+    # weight name -> block format, for tensors stored in one the quantized kernels serve
+    block_formats: Mapping[str, str] = field(default_factory=dict)
 
-    def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return self._tensors()
+    def tensors(self, keep_blocks: frozenset[str] = frozenset()) -> Tensors:
+        return self._tensors(keep_blocks)
 
 
 def open_checkpoint(source: ModelSource | str) -> Checkpoint:
@@ -66,9 +76,11 @@ def open_checkpoint(source: ModelSource | str) -> Checkpoint:
         source = resolve_model(source)
     if source.kind == "gguf":
         gguf = open_gguf(source.path)
-        return Checkpoint(source, gguf.config, gguf.num_tensors, lambda: iter_gguf_tensors(gguf))
+        return Checkpoint(
+            source, gguf.config, gguf.num_tensors, lambda keep: iter_gguf_tensors(gguf, keep), block_formats(gguf)
+        )
     files = safetensors_files(source.path)
-    return Checkpoint(source, load_hf_config(source.path), count_safetensors(files), lambda: iter_safetensors(files))
+    return Checkpoint(source, load_hf_config(source.path), count_safetensors(files), lambda _: iter_safetensors(files))
 
 
 @contextlib.contextmanager
@@ -91,9 +103,11 @@ def build_model(
     return model.eval()
 
 
-def load_weights(model: nn.Module, checkpoint: Checkpoint, progress: bool = True) -> None:
+def load_weights(
+    model: nn.Module, checkpoint: Checkpoint, progress: bool = True, keep_blocks: frozenset[str] = frozenset()
+) -> None:
     tensors = tqdm(
-        checkpoint.tensors(),
+        checkpoint.tensors(keep_blocks),
         total=checkpoint.num_tensors,
         desc=f"Loading {checkpoint.source.name}",
         unit="tensor",
@@ -129,6 +143,7 @@ def load_model(
     tensor_parallel_size: int = 1,
     tokenizer: ModelSource | str | None = None,
     progress: bool = True,
+    quantized: bool = False,
 ) -> LoadedModel:
     """Load a model for this tensor-parallel rank.
 
@@ -136,7 +151,9 @@ def load_model(
     cache to the serving context). `tensor_parallel_size` must match the group set up by
     `engine.distributed.parallel.init_tensor_parallel`. `tokenizer` (a model, or a directory
     of tokenizer files) defaults to the model's own. The tokenizer's `eos_token_ids` include
-    the config's EOS ids.
+    the config's EOS ids. `quantized` keeps a GGUF's tensors in the block formats the CPU
+    kernels serve as they are (float32 activations, CPU, one rank); other tensors, and other
+    checkpoints, load in `dtype`.
     """
     if tensor_parallel_size != tp_size():
         raise ValueError(
@@ -151,7 +168,12 @@ def load_model(
             raise ValueError(f"unknown ModelConfig field(s) in overrides: {', '.join(sorted(unknown))}")
         config = config.replace(**overrides)
     model = build_model(config, dtype, device)
-    load_weights(model, checkpoint, progress)
+    keep_blocks: frozenset[str] = frozenset()
+    if quantized and checkpoint.block_formats:
+        if torch.device(device).type != "cpu" or parse_dtype(dtype) != torch.float32:
+            raise ValueError(f"quantized weights are served on CPU with float32 activations, not {dtype} on {device}")
+        keep_blocks = quantize_modules(model, checkpoint.block_formats, config.tie_word_embeddings)
+    load_weights(model, checkpoint, progress, keep_blocks)
     tokenizer_source = checkpoint.source if tokenizer is None else _tokenizer_source(tokenizer)
     loaded_tokenizer = Tokenizer.from_source(tokenizer_source, extra_eos_token_ids=config.eos_token_ids)
     return LoadedModel(model, config, loaded_tokenizer, checkpoint.source)

@@ -128,7 +128,7 @@ class LlamaModel(nn.Module):
 
 
 # checkpoint projection name -> (our fused projection, shard id)
-_FUSED = {
+FUSED_PROJECTIONS = {
     "q_proj": ("qkv_proj", "q"),
     "k_proj": ("qkv_proj", "k"),
     "v_proj": ("qkv_proj", "v"),
@@ -181,8 +181,8 @@ class LlamaForCausalLM(nn.Module):
                 continue  # some tied checkpoints store the shared matrix twice
             target, shard_id = name, None
             parts = name.split(".")
-            if len(parts) >= 2 and parts[-2] in _FUSED:
-                fused, shard_id = _FUSED[parts[-2]]
+            if len(parts) >= 2 and parts[-2] in FUSED_PROJECTIONS:
+                fused, shard_id = FUSED_PROJECTIONS[parts[-2]]
                 target = ".".join([*parts[:-2], fused, parts[-1]])
             param = params.get(target)
             if param is None:

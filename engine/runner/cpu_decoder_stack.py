@@ -1,16 +1,19 @@
 """A Llama decoder stack's few-row forwards on CPU in one C call (engine/kernels/cpu/decoder.c).
 
-In a bf16 decode step on CPU the Python around a layer's kernels (~10 calls, each a wrapper
-of ~10-15 us: argument checks, `torch.empty`, ctypes, module calls) cost about a third of the
+In a decode step on CPU the Python around a layer's kernels (~10 calls, each a wrapper of
+~10-15 us: argument checks, `torch.empty`, ctypes, module calls) cost about a third of the
 step. `CpuDecoderStack` runs the same kernels in the same order from C, so its output is
 bit-identical to the layers' own forward (tests/engine/test_cpu_decoder_stack.py); on the
-2-core VM a batch-16 step went from ~44 to ~28 ms (benchmarks/cpu_kernels.py).
+2-core VM with AMX a bf16 batch-16 step went from ~44 to ~28 ms (benchmarks/cpu_kernels.py).
 
-It serves a forward when everything it would call is there: bf16 weights packed for the AMX
-tile kernel (SwiGLU's gate/up packed gated), no biases or q/k-norm, one tensor-parallel rank,
-the attention backend's C kernel built and serving the forward (a few rows per request), and
-contiguous bf16 caches. Anything else takes the layers' Python forward, as does every forward
-on another device.
+It serves fp32 and bf16 forwards when everything it would call is there: every linear weight
+packed for one of our kernels (engine/kernels/cpu/linear.py: the AMX tile kernel, or the
+vector kernel of gemv.c built for the ISA this CPU reports, isa.py) and SwiGLU's gate/up
+packed gated, or, in fp32, every linear a GGUF's blocks in one format (QuantizedLinear,
+quant_gemm.c, docs/design.md §2.9), no biases or q/k-norm, one tensor-parallel rank, the attention backend's C
+kernel built and serving the forward (a few rows per request), and contiguous caches of the
+activation dtype. Anything else takes the layers' Python forward, as does every forward on
+another device.
 
 The runner decides: `with_cpu_decoder_stack` wraps a CPU target whose weights the stack can
 run, and the wrapper sends each forward the stack serves to it; the model knows nothing of it.
@@ -24,15 +27,19 @@ from collections.abc import Sequence
 from typing import cast
 
 import torch
+from torch import nn
 
 from engine.attention.torch_backend import TorchAttentionBackend
 from engine.config import ModelConfig
-from engine.kernels.cpu import gemm
+from engine.kernels.cpu import gemv
 from engine.kernels.cpu.attention import MAX_EXTEND
 from engine.kernels.cpu.build import load
+from engine.kernels.cpu.linear import kernel_of
+from engine.kernels.cpu.quant_gemm import FORMATS
 from engine.kernels.rope import RotaryAngles
 from engine.models.context import CausalLM, ForwardContext
 from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from engine.models.quantized import QuantizedLinear
 
 _P, _I, _F, _N = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 
@@ -48,7 +55,7 @@ class _Layer(ctypes.Structure):
 class _Forward(ctypes.Structure):
     _fields_ = [
         *[(name, _I) for name in ("tokens", "hidden", "heads", "kv_heads", "head_dim", "inter", "rope_dim")],
-        ("eps", _F), ("scale", _F), ("threads", _N), ("causal", _N),
+        ("eps", _F), ("scale", _F), ("threads", _N), ("causal", _N), ("elem_bytes", _I),
         ("cos", _P), ("sin", _P), ("out_slots", _P), ("req_to_token", _P), ("table_stride", _I),
         ("req_rows", _P), ("seq_lens", _P), ("extend_lens", _P), ("q_start", _P),
         ("batch", _I), ("max_extend", _I), ("kv_len", _I), ("workspace", _P), ("workspace_per_thread", _I),
@@ -57,23 +64,35 @@ class _Forward(ctypes.Structure):
 
 
 @functools.cache
-def _library() -> tuple[ctypes.CDLL, _Kernels] | None:
-    """decoder.c and the addresses of the kernels it calls; None when any is missing."""
-    decoder, elementwise, attention = load("decoder"), load("elementwise"), load("attention")
-    if decoder is None or elementwise is None or attention is None or not gemm.available():
+def _library(dtype: torch.dtype, linear_kernel: str) -> tuple[ctypes.CDLL, _Kernels] | None:
+    """decoder.c and the addresses of the kernels it calls for activations of `dtype` and
+    linears packed for `linear_kernel` ("amx" or "gemv", linear.kernel_of), or held in a GGUF
+    block format ("Q8_0", "Q4_1": quant_gemm.c); None when any is missing. Made at first use,
+    from the libraries built for this CPU's ISA."""
+    quantized = linear_kernel in FORMATS  # a GGUF block format: quant_gemm.c, fp32 activations only
+    if quantized and dtype != torch.float32:
         return None
-    gemm_library = load("gemm")
-    assert gemm_library is not None  # gemm.available() loaded it
+    linear_library = "quant_gemm" if quantized else linear_kernel.replace("amx", "gemm")
+    libraries = [load(name) for name in ("decoder", "elementwise", "attention", linear_library)]
+    if any(library is None for library in libraries):
+        return None
+    decoder, elementwise, attention, linears = (library for library in libraries if library is not None)
+    suffix = gemv.DTYPES[dtype]
 
     def address(library: ctypes.CDLL, name: str) -> int | None:
         return ctypes.cast(getattr(library, name), ctypes.c_void_p).value
 
+    linear_names = ("linear_bf16", "linear_swiglu_bf16")
+    if linear_kernel == "gemv":
+        linear_names = (f"gemv_linear_{suffix}", f"gemv_swiglu_{suffix}")
+    elif quantized:
+        linear_names = (f"linear_{linear_kernel.lower()}", f"swiglu_{linear_kernel.lower()}")
     kernels = _Kernels(
-        address(gemm_library, "linear_bf16"), address(gemm_library, "linear_swiglu_bf16"),
-        address(elementwise, "rms_norm_bf16"), address(elementwise, "rope_bf16"),
-        address(attention, "store_kv"), address(attention, "paged_attention_bf16"),
+        *(address(linears, name) for name in linear_names),
+        address(elementwise, f"rms_norm_{suffix}"), address(elementwise, f"rope_{suffix}"),
+        address(attention, "store_kv"), address(attention, f"paged_attention_{suffix}"),
     )  # fmt: skip
-    function = decoder.decoder_layers_bf16
+    function = decoder.decoder_layers
     function.argtypes = [ctypes.POINTER(_Kernels), ctypes.POINTER(_Forward), ctypes.POINTER(_Layer), _I, _P, _P]
     function.restype = _N
     return decoder, kernels
@@ -86,13 +105,14 @@ class CpuDecoderStack:
         self.decoder_layers = tuple(layers)
         self.config = config
         self._weights: list[tuple[torch.Tensor, ...]] | None = None  # per layer, once packed
+        self._linear_kernel = "gemv"  # the kernel every packed linear of _weights runs on
         self._weights_of: torch.Tensor | None = None  # layer 0's qkv weight when _weights was made
         self._layers: ctypes.Array[_Layer] | None = None
         self._caches_key: tuple[int, int] | None = None
 
     def serves(self, hidden: torch.Tensor, ctx: ForwardContext) -> bool:
         backend = ctx.backend
-        if not (hidden.is_cpu and hidden.dtype == torch.bfloat16 and hidden.dim() == 2):
+        if not (hidden.is_cpu and hidden.dtype in gemv.DTYPES and hidden.dim() == 2):
             return False
         if not isinstance(backend, TorchAttentionBackend) or backend.cpu_kernel is None:
             return False
@@ -102,16 +122,20 @@ class CpuDecoderStack:
         if meta.out_slots.dtype != torch.int64 or not meta.out_slots.is_contiguous():
             return False
         k_cache, _ = ctx.kv.layer(0)
-        if k_cache.dtype != torch.bfloat16 or not k_cache.is_contiguous():
+        if k_cache.dtype != hidden.dtype or not k_cache.is_contiguous():
             return False
-        return self._packed_weights() is not None and _library() is not None
+        weights = self._packed_weights()
+        if weights is None or weights[0][0].dtype != hidden.dtype:
+            return False
+        return _library(hidden.dtype, self._linear_kernel) is not None
 
     def __call__(
         self, rope: RotaryAngles, hidden: torch.Tensor, ctx: ForwardContext
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (the last layer's MLP output, the stream before it), [T, H]
         """Every layer on the embeddings `hidden` [T, H] (serves() said yes); captures the
         residual streams ctx.capture_layers asks for, as the Python loop does."""
-        library = _library()
+        dtype = hidden.dtype
+        library = _library(dtype, self._linear_kernel)
         assert library is not None
         decoder, kernels = library
         config = self.config
@@ -122,17 +146,18 @@ class CpuDecoderStack:
         heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim  # one rank
         args = backend.cpu_kernel.prepare(ctx.meta, heads // kv_heads, head_dim, threads)
         table, req_rows, seq_lens, extend_lens, q_start = args.tensors
-        cos, sin = (t.contiguous() for t in rope.tables(torch.bfloat16))
+        cos, sin = (t.contiguous() for t in rope.tables(dtype))
         scratch = {
             "normed": (tokens, width), "qkv_out": (tokens, (heads + 2 * kv_heads) * head_dim),
             "rotated": (tokens, (heads + kv_heads) * head_dim), "attn": (tokens, heads * head_dim),
             "o_out": (tokens, width), "act": (tokens, config.intermediate_size),
         }  # fmt: skip
-        buffers = {name: torch.empty(shape, dtype=torch.bfloat16) for name, shape in scratch.items()}
+        buffers = {name: torch.empty(shape, dtype=dtype) for name, shape in scratch.items()}
         meta = ctx.meta
         forward = _Forward(
             tokens, width, heads, kv_heads, head_dim, config.intermediate_size, cos.shape[-1],
             config.rms_norm_eps, self.decoder_layers[0].self_attn.scale, threads, int(meta.causal),
+            hidden.element_size(),
             cos.data_ptr(), sin.data_ptr(), meta.out_slots.data_ptr(), table.data_ptr(), table.stride(0),
             req_rows.data_ptr(), seq_lens.data_ptr(), extend_lens.data_ptr(), q_start.data_ptr(),
             meta.batch_size, meta.max_extend_len, args.kv_len, backend.cpu_kernel.workspace.data_ptr(),
@@ -147,12 +172,12 @@ class CpuDecoderStack:
         for end in sorted({layer_id + 1 for layer_id in ctx.capture_layers} | {len(layers)}):
             offset = ctypes.byref(layers, start * ctypes.sizeof(_Layer))
             layer_pointer = ctypes.cast(offset, ctypes.POINTER(_Layer))
-            status = decoder.decoder_layers_bf16(
+            status = decoder.decoder_layers(
                 ctypes.byref(kernels), ctypes.byref(forward), layer_pointer, end - start,
                 hidden.data_ptr(), residual.data_ptr(),
             )  # fmt: skip
             if status != 0:
-                raise MemoryError("decoder_layers_bf16: out of memory")
+                raise MemoryError("decoder_layers: out of memory")
             if end - 1 in ctx.capture_layers:
                 captured[end - 1] = hidden + residual
             start = end
@@ -171,19 +196,26 @@ class CpuDecoderStack:
         return self._weights
 
     def _collect_weights(self) -> list[tuple[torch.Tensor, ...]] | None:
+        """Also sets the one kernel every linear runs on, the one the layers' forward calls
+        (linear.kernel_of); None where they do not all run on the same one of ours."""
         weights: list[tuple[torch.Tensor, ...]] = []
+        kernels: set[str] = set()
+        dtype = self.decoder_layers[0].input_layernorm.weight.dtype
         for layer in self.decoder_layers:
             attn, mlp = layer.self_attn, layer.mlp
-            linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+            linears: tuple[nn.Module, ...] = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
             if attn.q_norm is not None or any(p.bias is not None or p.tp_size != 1 for p in linears):
                 return None
-            packed = (attn.qkv_proj.weight, attn.o_proj.weight, mlp.down_proj.weight)
-            if not all(gemm.is_packed(w) for w in packed) or not gemm.is_packed_gated(mlp.gate_up_proj.weight):
-                return None
+            served = [_served_linear(p, gated=p is mlp.gate_up_proj, dtype=dtype) for p in linears]
             norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-            if any(n.dtype != torch.bfloat16 or not n.is_contiguous() for n in norms):
+            if None in served or any(n.dtype != dtype or not n.is_contiguous() for n in norms):
                 return None
-            weights.append((norms[0], *packed[:2], mlp.gate_up_proj.weight, packed[2], norms[1]))
+            kernels.update(kernel for kernel, _ in filter(None, served))
+            qkv, o, gate_up, down = (weight for _, weight in filter(None, served))
+            weights.append((norms[0], qkv, o, gate_up, down, norms[1]))
+        if len(kernels) != 1 or not kernels <= {"amx", "gemv", *FORMATS}:
+            return None
+        self._linear_kernel = kernels.pop()
         return weights
 
     def _layer_structs(self, ctx: ForwardContext) -> ctypes.Array[_Layer]:
@@ -202,6 +234,23 @@ class CpuDecoderStack:
                 )  # fmt: skip
             self._layers, self._caches_key = layers, key
         return self._layers
+
+
+def _served_linear(module: nn.Module, gated: bool, dtype: torch.dtype) -> tuple[str, torch.Tensor] | None:
+    """(kernel, the weight decoder.c reads) of one linear: a weight packed for one of our
+    kernels (gated: for SwiGLU), or a quantized layer's blocks in one format (fp32 forwards);
+    None where the stack cannot run it."""
+    if isinstance(module, QuantizedLinear):
+        fmt = module.block_format()
+        if fmt is None or module.swiglu != gated or dtype != torch.float32:
+            return None
+        return fmt, module.weight
+    weight = module.weight
+    if not isinstance(weight, torch.Tensor) or weight.dtype != dtype:
+        return None
+    if not (gemv.is_packed_gated(weight) if gated else gemv.is_packed(weight)):
+        return None
+    return kernel_of(weight), weight
 
 
 class CpuStackedLM:
@@ -230,7 +279,7 @@ class CpuStackedLM:
 
 def with_cpu_decoder_stack(model: CausalLM) -> CausalLM:
     """A CPU target behind the one-call stack when it is a Llama whose every layer's weights
-    the stack can run (packed bf16, one rank); else `model` itself."""
+    the stack can run (fp32 or bf16 packed for our kernels, one rank); else `model` itself."""
     if not isinstance(model, LlamaForCausalLM):
         return model
     stack = CpuDecoderStack([cast(LlamaDecoderLayer, layer) for layer in model.model.layers], model.config)

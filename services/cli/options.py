@@ -50,7 +50,12 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         help="the model, as `vllm serve MODEL` takes it: the same as --model",
     )
     group.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N (default: %(default)s)")
-    group.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16 (default: %(default)s)")
+    group.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (bfloat16 on GPU; float32 on CPU, a GGUF's Q8_0/Q4_1 weights kept as stored), float32, bfloat16, "
+        "float16 (default: %(default)s)",
+    )
     group.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     group.add_argument("--max-num-seqs", type=int, default=64, help="requests batched per step (default: %(default)s)")
     group.add_argument(

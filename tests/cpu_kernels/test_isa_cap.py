@@ -28,12 +28,12 @@ def test_unset_or_native_is_no_cap(value):
     assert isa.parse(value) is None
 
 
-@pytest.mark.parametrize("value", ["avx2", "AVX512", "avx512bf16", " amx "])
+@pytest.mark.parametrize("value", ["portable", "avx2", "AVX512", "avx512bf16", " amx "])
 def test_levels_parse(value):
     assert isa.parse(value) == value.strip().lower()
 
 
-@pytest.mark.parametrize("value", ["avx-512", "sse4", "portable", "1"])
+@pytest.mark.parametrize("value", ["avx-512", "sse4", "neon", "1"])
 def test_unknown_level_is_a_configuration_error(value):
     with pytest.raises(ValueError, match="DSPARK_CPU_ISA"):
         isa.parse(value)
@@ -50,7 +50,8 @@ def test_a_level_needs_every_flag_of_the_ones_below():
 
 
 def test_below_the_cpus_level_the_psabi_level_is_targeted():
-    flags = {cap: isa.resolve(cap, "x86_64", AMX).compile_flags() for cap in ("avx2", "avx512", "avx512bf16")}
+    flags = {cap: isa.resolve(cap, "x86_64", AMX).compile_flags() for cap in isa.LEVELS[:-1]}
+    assert flags[isa.PORTABLE] == ()  # the compiler's baseline
     assert flags["avx2"] == ("-march=x86-64-v3",)  # 256-bit vectors: no AVX-512 to prefer
     assert flags["avx512"] == ("-march=x86-64-v4", "-mprefer-vector-width=512")
     assert flags["avx512bf16"] == ("-march=x86-64-v4", "-mavx512bf16", "-mprefer-vector-width=512")
@@ -100,12 +101,10 @@ def test_other_architectures_get_a_portable_build(machine, cap):
 
 def test_each_level_has_its_own_cache_entry(tmp_path, monkeypatch):
     monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path))
-    targets = [isa.resolve(cap, "x86_64", AMX) for cap in (*isa.LEVELS[1:], None)]
+    targets = [isa.resolve(cap, "x86_64", AMX) for cap in (*isa.LEVELS, None)]
     paths = {build._library_path("gemm", "cc", target) for target in targets}
-    # avx2, avx512, avx512bf16 apart; amx and no cap are the same native build
-    assert len(paths) == 4 and all(p.parent == tmp_path / "cpu-kernels" for p in paths)
-    portable = build._library_path("gemm", "cc", isa.resolve(None, "aarch64", None))
-    assert portable not in paths
+    # portable, avx2, avx512, avx512bf16 apart; amx and no cap are the same native build
+    assert len(paths) == 5 and all(p.parent == tmp_path / "cpu-kernels" for p in paths)
 
 
 def test_the_process_target_reads_the_variable(monkeypatch):
@@ -117,7 +116,10 @@ def test_the_process_target_reads_the_variable(monkeypatch):
         isa.target()
 
 
-@pytest.mark.parametrize(("cpu", "below"), [("avx2", ()), ("avx512bf16", ("avx2", "avx512")), ("amx", LOWER)])
+@pytest.mark.parametrize(
+    ("cpu", "below"),
+    [("avx2", (isa.PORTABLE,)), ("avx512bf16", (isa.PORTABLE, "avx2", "avx512")), ("amx", (isa.PORTABLE, *LOWER))],
+)
 def test_levels_below_the_cpu(monkeypatch, cpu, below):
     monkeypatch.setattr(isa, "cpu_flags", lambda: CPUS[cpu])
     monkeypatch.setattr(isa.platform, "machine", lambda: "x86_64")

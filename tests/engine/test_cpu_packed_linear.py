@@ -3,11 +3,12 @@ tile kernel compute the product to bf16 rounding, as F.linear does (their fp32 s
 other orders, which depend on the ISA oneDNN picks on this CPU, so they need not equal
 F.linear bit for bit); packing leaves float32 alone, unties a tied LM head without touching
 the embedding, and serves the dense engine's tokens up to near ties, with its logprobs to bf16
-rounding."""
+rounding. float32 weights pack for the vector kernel of gemv.c (tests/cpu_kernels/test_cpu_gemv.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -18,9 +19,10 @@ from engine.core import EngineCore
 from engine.engine_setup import build_engine_parts
 from engine.kernels.activation import silu_and_mul
 from engine.kernels.cpu import elementwise as cpu_elementwise
-from engine.kernels.cpu import gemm
+from engine.kernels.cpu import gemm, gemv
 from engine.kernels.cpu import linear as cpu_linear
 from engine.loader.load import load_model
+from engine.models.llama import LlamaForCausalLM
 from engine.sampling_params import SamplingParams
 from tests.engine.conftest import SHORT_PROMPTS, tiny_drafter_or_none
 from tests.engine.engine_driver import Finished, run
@@ -48,19 +50,19 @@ def test_onednn_packed_linear_rounds_the_exact_product(dtype, rows, with_bias):
     if not cpu_linear.cpu_packing_supported(dtype):
         pytest.skip(f"{dtype} packing is not supported here")
     gen = torch.Generator().manual_seed(rows)
-    weight = torch.randn(96, 80, generator=gen).to(dtype)  # K = 80: not a shape for the AMX kernel
-    bias = torch.randn(96, generator=gen).to(dtype) if with_bias else None
+    weight = torch.randn(88, 80, generator=gen).to(dtype)  # N = 88: not a shape for our kernels
+    bias = torch.randn(88, generator=gen).to(dtype) if with_bias else None
     x = torch.randn(rows, 80, generator=gen).to(dtype)
     packed = cpu_linear.pack_weight(weight)
     assert packed.is_mkldnn and packed.shape == weight.shape and packed.dtype == dtype
     exact = _exact(x, weight, bias)
     got = cpu_linear.linear(x, packed, bias)
-    assert got.dtype == dtype and got.shape == (rows, 96)
+    assert got.dtype == dtype and got.shape == (rows, 88)
     # within a rounding of the exact product (fp16 has 3 more bits: the bf16 bound holds)
     assert ((got.double() - exact).abs() <= _rounding_of(exact) * 2).all()
     # leading dims and a stride-0 view: the rows of the 2-D product, to the same rounding
     batched = cpu_linear.linear(x.view(1, rows, 80).expand(2, rows, 80), packed, bias)
-    assert batched.shape == (2, rows, 96)
+    assert batched.shape == (2, rows, 88)
     assert ((batched.double() - exact).abs() <= _rounding_of(exact) * 2).all()
 
 
@@ -121,24 +123,30 @@ def test_dense_weight_takes_f_linear():
     assert torch.equal(cpu_linear.linear(x, weight), F.linear(x, weight))
 
 
-def test_float32_weights_stay_dense(tiny_model_dir: Path):
-    loaded = load_model(str(tiny_model_dir), dtype=torch.float32, device="cpu", progress=False)
-    assert cpu_linear.pack_module_weights(loaded.model, torch.float32) == 0
-    assert not any(cpu_linear.is_packed(p) for p in loaded.model.parameters())
-
-
-def test_packing_unties_the_lm_head_and_keeps_logits(tiny_model_dir: Path):
-    dense = load_model(str(tiny_model_dir), dtype=torch.bfloat16, device="cpu", progress=False).model
-    packed = load_model(str(tiny_model_dir), dtype=torch.bfloat16, device="cpu", progress=False).model
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tied_table_is_held_once_and_keeps_embeddings_and_logits(tiny_model_dir: Path, dtype: torch.dtype):
+    dense, packed = (
+        cast(LlamaForCausalLM, load_model(str(tiny_model_dir), dtype=dtype, device="cpu", progress=False).model)
+        for _ in range(2)
+    )
+    if not cpu_linear.cpu_packing_supported(dtype):
+        pytest.skip(f"{dtype} weights are not packed here")
     # 2 layers x (qkv, o, gate_up, down) + the LM head
-    assert cpu_linear.pack_module_weights(packed, torch.bfloat16) == 9
-    assert cpu_linear.pack_module_weights(packed, torch.bfloat16) == 0  # already packed
-    assert cpu_linear.is_packed(packed.lm_head.weight)
-    assert not cpu_linear.is_packed(packed.model.embed_tokens.weight)  # the embedding keeps its table
-    assert torch.equal(packed.model.embed_tokens.weight, dense.model.embed_tokens.weight)
-    hidden = torch.randn(7, dense.config.hidden_size).to(torch.bfloat16)
-    # to bf16 rounding: oneDNN and the AMX kernel sum in other orders than F.linear
-    torch.testing.assert_close(packed.compute_logits(hidden), dense.compute_logits(hidden), rtol=2**-7, atol=1e-2)
+    assert cpu_linear.pack_module_weights(packed, dtype) == 9
+    assert cpu_linear.pack_module_weights(packed, dtype) == 0  # already packed
+    head = packed.lm_head.weight
+    if dtype == torch.float32:
+        assert cpu_linear.kernel_of(head) == "gemv"  # fp32 has no other kernel of ours
+    if gemv.is_packed(head):  # our panels: the embedding looks its rows up in the head's packing
+        assert packed.model.embed_tokens.weight is head
+    else:  # oneDNN's opaque layout: the embedding keeps its own table
+        assert torch.equal(packed.model.embed_tokens.weight, dense.model.embed_tokens.weight)
+    ids = torch.arange(dense.config.vocab_size).view(4, -1)  # every row, in a 2-D batch
+    assert torch.equal(packed.model.embed_tokens(ids), dense.model.embed_tokens(ids))
+    hidden = torch.randn(7, dense.config.hidden_size).to(dtype)
+    # to bf16 rounding: oneDNN and our kernels sum in other orders than F.linear
+    rtol, atol = (2**-7, 1e-2) if dtype == torch.bfloat16 else (1e-5, 1e-5)
+    torch.testing.assert_close(packed.compute_logits(hidden), dense.compute_logits(hidden), rtol=rtol, atol=atol)
 
 
 def _engine(model_dir: Path, pack: bool, monkeypatch: pytest.MonkeyPatch, drafter: Path | None = None) -> EngineCore:

@@ -11,7 +11,7 @@ compiler falls back to the torch path (`load` returns None and says why, once).
 The library links OpenMP by its soname, libgomp.so.1; torch has loaded its own copy by that
 name already, so the kernels share torch's thread pool instead of starting a second one.
 `DSPARK_CPU_KERNELS=0` turns the kernels off; a comma-separated list of names
-(`attention,elementwise,gemm`) keeps only those.
+(`attention,elementwise,gemm,gemv,quant_gemm,decoder`: the libraries of this folder) keeps only those.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-/* A run of Llama decoder layers on CPU in one call, for bf16 forwards of a few rows per request
-   (decode, DSpark verify windows): the same kernels, in the same order, as the model's Python
-   layer (engine/models/llama.py), so the result is bit-identical; only the ~10 Python calls a
-   layer (each ~10-15 us of wrapper) are gone.
+/* A run of Llama decoder layers on CPU in one call, for fp32 or bf16 forwards of a few rows per
+   request (decode, DSpark verify windows): the same kernels, in the same order, as the model's
+   Python layer (engine/models/llama.py), so the result is bit-identical; only the ~10 Python
+   calls a layer (each ~10-15 us of wrapper) are gone. Activations, norm weights and caches are
+   all of one dtype, the forward's (elem_bytes: 4 for fp32, 2 for bf16); the kernels are that
+   dtype's (cpu_decoder_stack.py picks them at first use for the ISA the CPU reports, isa.py).
 
    Per layer, with hidden / residual the stream pair of engine/models/llama.py:
      normed, residual = add_rms_norm(hidden, residual, input_norm)
@@ -9,14 +11,19 @@
      store k, v at out_slots;  attn = paged_attention(q)
      normed, residual = add_rms_norm(attn @ Wo^T, residual, post_norm)
      hidden = swiglu(normed @ Wgate_up^T) @ Wdown^T
-   The kernels come from their own libraries (gemm.c, elementwise.c, attention.c) as function
-   pointers, so each keeps one definition. */
+   The kernels come from their own libraries (gemm.c or gemv.c, elementwise.c, attention.c) as
+   function pointers, so each keeps one definition. */
 
 #include <stdint.h>
 
-#include "bf16.h"
-
-typedef int (*linear_fn)(const bf16 *x, int64_t ldx, const bf16 *packed, const bf16 *bias, bf16 *out, int64_t ldo,
+/* The linear layers' contract (gemm.c's AMX kernels, gemv.c's vector kernels, and any weight
+   format that keeps it, a quantized one included): out [m, n] (row stride ldo) = x [m, k] (row
+   stride ldx) @ W^T (+ bias [n], or NULL), x, bias and out in the forward's activation dtype
+   (fp32 or bf16); `packed` is the weight in whatever layout the kernel packed it into, read
+   only; the kernel spreads its work over `threads` OpenMP threads and returns 0, or -1 when it
+   could not allocate scratch. The SwiGLU form takes n = inter and a [gate | up] weight of
+   2 inter rows, and writes silu(gate) * up [m, inter]. */
+typedef int (*linear_fn)(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo,
                          int64_t m, int64_t n, int64_t k, int threads);
 typedef void (*rms_norm_fn)(const void *x, int64_t x_stride, const void *residual, int64_t residual_stride,
                             const void *weight, void *out, void *residual_out, int64_t rows, int64_t n, float eps,
@@ -43,16 +50,17 @@ struct kernels {
     attention_fn attention;
 };
 
-struct layer { /* one decoder layer: norm weights [H], tile-packed linears, its caches */
-    const bf16 *input_norm, *qkv, *o, *gate_up, *down, *post_norm;
-    bf16 *k_cache, *v_cache; /* [num_slots + 1, Hkv, D] contiguous */
+struct layer { /* one decoder layer: norm weights [H], packed linears (linear_fn), its caches */
+    const void *input_norm, *qkv, *o, *gate_up, *down, *post_norm;
+    void *k_cache, *v_cache; /* [num_slots + 1, Hkv, D] contiguous */
 };
 
 struct forward { /* what every layer of one forward shares */
     int64_t tokens, hidden, heads, kv_heads, head_dim, inter, rope_dim;
     float eps, scale;
     int threads, causal;
-    const bf16 *cos, *sin;       /* [T, rope_dim] */
+    int64_t elem_bytes;          /* of the activation dtype: 4 (fp32) or 2 (bf16) */
+    const void *cos, *sin;       /* [T, rope_dim] */
     const int64_t *out_slots;    /* [T] */
     const int32_t *req_to_token; /* attention metadata in the kernel's types (cpu_kernel.py) */
     int64_t table_stride;
@@ -61,23 +69,26 @@ struct forward { /* what every layer of one forward shares */
     int64_t batch, max_extend, kv_len;
     float *workspace;
     int64_t workspace_per_thread;
-    bf16 *normed, *qkv_out, *rotated, *attn, *o_out, *act; /* scratch: [T, H], [T, (Hq + 2 Hkv) D],
+    void *normed, *qkv_out, *rotated, *attn, *o_out, *act; /* scratch: [T, H], [T, (Hq + 2 Hkv) D],
                                                               [T, Hq + Hkv, D], [T, Hq D], [T, H], [T, I] */
 };
 
+/* `base` + `elems` elements of the forward's dtype. */
+static inline void *at(void *base, int64_t elems, int64_t elem_bytes) { return (char *)base + elems * elem_bytes; }
+
 /* Layers [0, count) of `layers` over hidden / residual [T, H] (both updated in place).
    Returns 0, or the first kernel's failure (-1: out of memory). */
-int decoder_layers_bf16(const struct kernels *k, const struct forward *f, const struct layer *layers, int64_t count,
-                        bf16 *hidden, bf16 *residual) {
+int decoder_layers(const struct kernels *k, const struct forward *f, const struct layer *layers, int64_t count,
+                   void *hidden, void *residual) {
     const int64_t T = f->tokens, H = f->hidden, D = f->head_dim, Hq = f->heads, Hkv = f->kv_heads;
-    const int64_t qkv_width = (Hq + 2 * Hkv) * D, rotated_width = (Hq + Hkv) * D;
+    const int64_t qkv_width = (Hq + 2 * Hkv) * D, rotated_width = (Hq + Hkv) * D, bytes = f->elem_bytes;
     for (int64_t i = 0; i < count; i++) {
         const struct layer *l = layers + i;
         k->rms_norm(hidden, H, residual, H, l->input_norm, f->normed, residual, T, H, f->eps, f->threads);
         if (k->linear(f->normed, H, l->qkv, 0, f->qkv_out, qkv_width, T, qkv_width, H, f->threads)) return -1;
         k->rope(f->qkv_out, qkv_width, D, f->cos, f->sin, f->rotated, T, Hq + Hkv, D, f->rope_dim, f->threads);
-        k->store_kv(f->rotated + Hq * D, rotated_width, f->qkv_out + rotated_width, qkv_width, l->k_cache,
-                    l->v_cache, f->out_slots, T, Hkv * D, sizeof(bf16));
+        k->store_kv(at(f->rotated, Hq * D, bytes), rotated_width, at(f->qkv_out, rotated_width, bytes), qkv_width,
+                    l->k_cache, l->v_cache, f->out_slots, T, Hkv * D, bytes);
         k->attention(f->rotated, rotated_width, D, l->k_cache, l->v_cache, Hkv * D, D, f->req_to_token,
                      f->table_stride, f->req_rows, f->seq_lens, f->extend_lens, f->q_start, f->batch, Hq, Hkv, D,
                      f->max_extend, f->kv_len, f->causal, f->scale, f->attn, Hq * D, D, f->workspace,

@@ -208,8 +208,8 @@ ALWAYS_INLINE int linear_tiles(const bf16 *x, int64_t ldx, const bf16 *packed, i
 }
 
 /* out [m, n] (row stride ldo) = x [m, k] (row stride ldx) @ W^T + bias ([n] or NULL). */
-int linear_bf16(const bf16 *x, int64_t ldx, const bf16 *packed, const bf16 *bias, bf16 *out, int64_t ldo,
-                int64_t m, int64_t n, int64_t k, int threads) {
+int linear_bf16(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo,
+                int64_t m, int64_t n, int64_t k, int threads) { /* decoder.c's linear_fn */
     const struct epilogue e = {bias, out, ldo, n, 0};
     return linear_tiles(x, ldx, packed, m, n, k, threads, &e, 0);
 }
@@ -217,7 +217,7 @@ int linear_bf16(const bf16 *x, int64_t ldx, const bf16 *packed, const bf16 *bias
 /* out [m, inter] (row stride ldo) = silu(gate) * up of x @ W^T + bias, for W = [gate | up]
    [2 inter, k] packed gated (pack_weight_bf16 of its rows interleaved 16 gate, 16 up, ...;
    inter a multiple of 16), bias [2 inter] in the original [gate | up] order or NULL. */
-int linear_swiglu_bf16(const bf16 *x, int64_t ldx, const bf16 *packed, const bf16 *bias, bf16 *out,
+int linear_swiglu_bf16(const void *x, int64_t ldx, const void *packed, const void *bias, void *out,
                        int64_t ldo, int64_t m, int64_t inter, int64_t k, int threads) {
     const struct epilogue e = {bias, out, ldo, 2 * inter, inter};
     return linear_tiles(x, ldx, packed, m, 2 * inter, k, threads, &e, 1);

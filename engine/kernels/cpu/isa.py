@@ -7,11 +7,17 @@ level and switches off at run time what it lacks (the AMX tile kernels below `am
 fallbacks can be run, and tested, on a bigger CPU. A cap above the CPU's level is clamped to
 it (logged once). An unknown name is a configuration error.
 
+- `portable`: no target flags: the compiler's baseline (SSE2 on x86-64), the build every other
+  architecture (ARM64) gets; the kernels take their plain-C paths.
 - `avx2`: x86-64-v3 (AVX2, FMA, BMI1/2, F16C, LZCNT, MOVBE).
 - `avx512`: x86-64-v4 (x86-64-v3 and AVX-512 F, BW, CD, DQ, VL).
 - `avx512bf16`: x86-64-v4 and AVX512-BF16.
 - `amx`: x86-64-v4, AVX512-BF16, AMX-TILE and AMX-BF16 (the tile kernels of gemm.c and
   attention_amx.h).
+
+The kernels choose their code by the build's macros (gemv.c: AVX-512 with vdpbf16ps where
+AVX512-BF16 is there, AVX-512, AVX2 + FMA, or portable vector C), so what the CPU reports
+decides at first use, when the libraries are built.
 
 The compiler targets the psABI levels (`-march=x86-64-v3`, `-march=x86-64-v4`, gcc >= 11,
 clang >= 12) rather than CPU names (haswell, skylake-avx512, cooperlake), because a level is
@@ -104,8 +110,8 @@ def parse(value: str | None) -> str | None:
     name = (value or "").strip().lower()
     if name in _UNCAPPED:
         return None
-    if name not in LEVELS[1:]:
-        raise ValueError(f"{ENV}={value!r}: expected one of {', '.join(('native', *LEVELS[1:]))}")
+    if name not in LEVELS:
+        raise ValueError(f"{ENV}={value!r}: expected one of {', '.join(('native', *LEVELS))}")
     return name
 
 
@@ -138,9 +144,9 @@ def _target(value: str | None) -> Target:
 
 
 def levels_below_cpu() -> tuple[str, ...]:
-    """The caps that change what this CPU builds: the levels from avx2 up to, not including,
-    its own (none off x86 or where its flags cannot be read)."""
+    """The caps that change what this CPU builds: the levels from portable up to, not
+    including, its own (none off x86 or where its flags cannot be read)."""
     flags = cpu_flags() if is_x86() else None
     if flags is None:
         return ()
-    return LEVELS[1 : LEVELS.index(cpu_level(flags))]
+    return LEVELS[: LEVELS.index(cpu_level(flags))]

@@ -1,0 +1,264 @@
+/* Linear layers on any CPU's vector unit, for the few rows of decode and verify (batch-1 GEMV
+   and small-M GEMM; any M is correct): y[M, N] = x[M, K] @ W[N, K]^T (+ bias), fp32 or bf16.
+
+   The weight is packed once into panels of PANEL = 32 output columns, so that each thread
+   streams whole panels, contiguous in memory, and each weight byte is read once per call:
+       fp32: packed[panel][k][column]              [N / 32, K, 32]
+       bf16: packed[panel][k_pair][column][2]      [N / 32, K / 2, 32, 2]  (gemm.c's AMX layout)
+   A panel's product keeps ROW_BLOCK rows x 32 columns of fp32 sums in vector registers; per k
+   (per k pair in bf16) it loads the panel's 32 weights once and multiplies them into every
+   row's sums. The sums run over k in order, one fused multiply-add per weight (a pair per
+   vdpbf16ps with AVX512-BF16), and round once to the output dtype, bias added in fp32 first.
+   A SwiGLU [gate | up] weight packed with 16 gate and their 16 up columns per panel (gemv.py)
+   gets silu(gate) * up written instead, rounded where the separate linear, silu and product
+   round (elementwise.c).
+
+   The vector width comes from the build's target (isa.py): AVX-512 (16 lanes), AVX2 + FMA (8),
+   or the portable path, GCC/Clang vector extensions of 4 lanes that compile to SSE2 on any
+   x86-64 and to NEON on ARM64. bf16 weights are widened to fp32 by a shift (the even k of a
+   pair) and a mask (the odd one) where the CPU has no bf16 dot product. */
+
+#include <stdint.h>
+#include <string.h>
+
+#include "bf16.h"
+
+#define PANEL 32
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__)
+#define LANES 16
+#define ROW_BLOCK 6 /* 12 sums of 16 lanes + 2 weight vectors + a broadcast, of 32 registers */
+typedef __m512 vfloat;
+static inline vfloat vzero(void) { return _mm512_setzero_ps(); }
+static inline vfloat vload(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vstore(float *p, vfloat v) { _mm512_storeu_ps(p, v); }
+static inline vfloat vset1(float x) { return _mm512_set1_ps(x); }
+static inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm512_fmadd_ps(a, b, c); }
+/* 16 bf16 pairs (k even, k odd) -> the even and the odd values as fp32. */
+static inline void vwiden_pairs(const bf16 *p, vfloat *even, vfloat *odd) {
+    const __m512i v = _mm512_loadu_si512(p);
+    *even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    *odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u)));
+}
+#define ISA_NAME (BF16_DOT ? "avx512bf16" : "avx512")
+#elif defined(__AVX2__) && defined(__FMA__)
+#define LANES 8
+#define ROW_BLOCK 2 /* 8 sums of 8 lanes + 4 weight vectors + a broadcast, of 16 registers */
+typedef __m256 vfloat;
+static inline vfloat vzero(void) { return _mm256_setzero_ps(); }
+static inline vfloat vload(const float *p) { return _mm256_loadu_ps(p); }
+static inline void vstore(float *p, vfloat v) { _mm256_storeu_ps(p, v); }
+static inline vfloat vset1(float x) { return _mm256_set1_ps(x); }
+static inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm256_fmadd_ps(a, b, c); }
+static inline void vwiden_pairs(const bf16 *p, vfloat *even, vfloat *odd) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    *even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    *odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xffff0000u)));
+}
+#define ISA_NAME "avx2"
+#else
+#define LANES 4
+#define ROW_BLOCK 2
+typedef float vfloat __attribute__((vector_size(16)));
+typedef uint32_t vuint __attribute__((vector_size(16)));
+static inline vfloat vzero(void) { return (vfloat){0, 0, 0, 0}; }
+static inline vfloat vload(const float *p) {
+    vfloat v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+static inline void vstore(float *p, vfloat v) { memcpy(p, &v, sizeof(v)); }
+static inline vfloat vset1(float x) { return (vfloat){x, x, x, x}; }
+/* A product then a sum (no fused multiply-add is assumed): other roundings than the FMA paths. */
+static inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return a * b + c; }
+static inline void vwiden_pairs(const bf16 *p, vfloat *even, vfloat *odd) {
+    vuint v;
+    memcpy(&v, p, sizeof(v));
+    *even = (vfloat)(v << 16);
+    *odd = (vfloat)(v & 0xffff0000u);
+}
+#define ISA_NAME "portable"
+#endif
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#define BF16_DOT 1 /* bf16 activations x bf16 weights: vdpbf16ps, a k pair per instruction */
+#else
+#define BF16_DOT 0
+#endif
+
+#define VECTORS (PANEL / LANES) /* vectors per row of a panel's sums */
+
+/* The vector path this library was built with. */
+const char *gemv_isa(void) { return ISA_NAME; }
+
+static inline int64_t panels_of(int64_t n) { return (n + PANEL - 1) / PANEL; }
+
+/* weight [n, k] fp32 (row stride ldw) -> packed [panels_of(n), k, PANEL], zero past n. */
+void gemv_pack_f32(const float *weight, int64_t ldw, float *packed, int64_t n, int64_t k, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t p = 0; p < panels_of(n); p++)
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int64_t c = 0; c < PANEL; c++) {
+                const int64_t row = p * PANEL + c;
+                packed[(p * k + kk) * PANEL + c] = row < n ? weight[row * ldw + kk] : 0.0f;
+            }
+}
+
+/* weight [n, k] bf16 (row stride ldw; k even) -> packed [panels_of(n), k / 2, PANEL, 2]. */
+void gemv_pack_bf16(const bf16 *weight, int64_t ldw, bf16 *packed, int64_t n, int64_t k, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t p = 0; p < panels_of(n); p++)
+        for (int64_t kp = 0; kp < k / 2; kp++)
+            for (int64_t c = 0; c < PANEL; c++)
+                for (int64_t half = 0; half < 2; half++) {
+                    const int64_t row = p * PANEL + c;
+                    packed[((p * k / 2 + kp) * PANEL + c) * 2 + half] = row < n ? weight[row * ldw + 2 * kp + half] : 0;
+                }
+}
+
+/* sums [rows][PANEL] of rows row0.. over one panel (k in order), `rows` <= ROW_BLOCK a literal
+   at each call, so that the sums stay in registers. x rows: fp32 or bf16 (is_bf16, the weight's
+   dtype too), row stride ldx. */
+ALWAYS_INLINE void panel_sums(const void *x, int64_t ldx, const void *panel, int64_t k, int64_t row0, const int rows,
+                              float *sums, const int is_bf16) {
+    vfloat acc[ROW_BLOCK][VECTORS];
+    for (int r = 0; r < rows; r++)
+        for (int v = 0; v < VECTORS; v++) acc[r][v] = vzero();
+    if (!is_bf16) {
+        const float *w = panel, *xs = (const float *)x + row0 * ldx;
+        for (int64_t kk = 0; kk < k; kk++, w += PANEL) {
+            vfloat wv[VECTORS];
+            for (int v = 0; v < VECTORS; v++) wv[v] = vload(w + v * LANES);
+            for (int r = 0; r < rows; r++) {
+                const vfloat xv = vset1(xs[r * ldx + kk]);
+                for (int v = 0; v < VECTORS; v++) acc[r][v] = vfma(xv, wv[v], acc[r][v]);
+            }
+        }
+    } else {
+        const bf16 *w = panel, *xs = (const bf16 *)x + row0 * ldx;
+        for (int64_t kk = 0; kk < k; kk += 2, w += 2 * PANEL) {
+#if BF16_DOT
+            __m512bh wv[VECTORS];
+            for (int v = 0; v < VECTORS; v++) wv[v] = (__m512bh)_mm512_loadu_si512(w + 2 * v * LANES);
+            for (int r = 0; r < rows; r++) {
+                int32_t pair;
+                memcpy(&pair, xs + r * ldx + kk, sizeof(pair));
+                const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+                for (int v = 0; v < VECTORS; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], xv, wv[v]);
+            }
+#else
+            vfloat even[VECTORS], odd[VECTORS];
+            for (int v = 0; v < VECTORS; v++) vwiden_pairs(w + 2 * v * LANES, &even[v], &odd[v]);
+            for (int r = 0; r < rows; r++) {
+                const vfloat x0 = vset1(bf16_to_float(xs[r * ldx + kk]));
+                const vfloat x1 = vset1(bf16_to_float(xs[r * ldx + kk + 1]));
+                for (int v = 0; v < VECTORS; v++) acc[r][v] = vfma(x1, odd[v], vfma(x0, even[v], acc[r][v]));
+            }
+#endif
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int v = 0; v < VECTORS; v++) vstore(sums + r * PANEL + v * LANES, acc[r][v]);
+}
+
+/* Where a panel's sums go. Plain: columns [col0, col0 + 32) of out [m, n] (row stride ldo),
+   + bias [n]. SwiGLU: the panel holds 16 gate then their 16 up columns, and out [m, inter]
+   gets silu(gate) * up at [col0 / 2, col0 / 2 + 16); bias is [gate | up], [2 inter]. */
+struct epilogue {
+    const void *bias;
+    void *out;
+    int64_t ldo, n, inter;
+};
+
+ALWAYS_INLINE void store_sums(const float *sums, int rows, int64_t row0, int64_t col0, const struct epilogue *e,
+                              const int swiglu, const int is_bf16) {
+    for (int r = 0; r < rows; r++) {
+        const float *row = sums + r * PANEL;
+        const int64_t out_row = (row0 + r) * e->ldo;
+        if (swiglu) { /* in branch-free loops of 16, which vectorise (a bias test inside did not) */
+            const int64_t col = col0 / 2;
+            float gate[PANEL / 2], up[PANEL / 2];
+            for (int c = 0; c < PANEL / 2; c++) gate[c] = row[c], up[c] = row[PANEL / 2 + c];
+            if (e->bias)
+                for (int c = 0; c < PANEL / 2; c++) {
+                    gate[c] += load_elem(e->bias, col + c, is_bf16);
+                    up[c] += load_elem(e->bias, e->inter + col + c, is_bf16);
+                }
+            for (int c = 0; c < PANEL / 2; c++) {
+                const float g = round_elem(gate[c], is_bf16);
+                const float silu = round_elem(g / (1.0f + exp_approx(-g)), is_bf16);
+                store_elem(e->out, out_row + col + c, silu * round_elem(up[c], is_bf16), is_bf16);
+            }
+        } else {
+            const int64_t columns = e->n - col0 < PANEL ? e->n - col0 : PANEL;
+            for (int64_t c = 0; c < columns; c++) {
+                const float bias = e->bias ? load_elem(e->bias, col0 + c, is_bf16) : 0.0f;
+                store_elem(e->out, out_row + col0 + c, row[c] + bias, is_bf16);
+            }
+        }
+    }
+}
+
+/* One panel's block of `rows` rows (a literal) from row0: sums, then the epilogue. */
+ALWAYS_INLINE void panel_block(const void *x, int64_t ldx, const void *panel, int64_t k, int64_t row0,
+                               const int rows, int64_t col0, const struct epilogue *e, const int swiglu,
+                               const int is_bf16) {
+    float sums[ROW_BLOCK * PANEL] __attribute__((aligned(64)));
+    panel_sums(x, ldx, panel, k, row0, rows, sums, is_bf16);
+    store_sums(sums, rows, row0, col0, e, swiglu, is_bf16);
+}
+
+/* x [m, k] @ packed [n, k]^T -> the epilogue. Tasks are (panel, block of rows), panel-major,
+   split statically: each thread streams a contiguous run of panels, each panel once per block
+   of rows (from cache after the first). */
+ALWAYS_INLINE void linear_panels(const void *x, int64_t ldx, const void *packed, int64_t m, int64_t n, int64_t k,
+                                 int threads, const struct epilogue *e, const int swiglu, const int is_bf16) {
+    const int64_t blocks = (m + ROW_BLOCK - 1) / ROW_BLOCK, panel_elems = k * PANEL;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t task = 0; task < panels_of(n) * blocks; task++) {
+        const int64_t p = task / blocks, row0 = (task % blocks) * ROW_BLOCK;
+        const void *panel = is_bf16 ? (const void *)((const bf16 *)packed + p * panel_elems)
+                                    : (const void *)((const float *)packed + p * panel_elems);
+        const int64_t rows = m - row0 < ROW_BLOCK ? m - row0 : ROW_BLOCK;
+        switch (rows) { /* each row count its own unrolled copy */
+#define BLOCK_OF(R) \
+    case R: panel_block(x, ldx, panel, k, row0, R, p * PANEL, e, swiglu, is_bf16); break;
+            BLOCK_OF(1)
+            BLOCK_OF(2)
+#if ROW_BLOCK > 2
+            BLOCK_OF(3)
+            BLOCK_OF(4)
+            BLOCK_OF(5)
+            BLOCK_OF(6)
+#endif
+#undef BLOCK_OF
+            default: break;
+        }
+    }
+}
+
+/* The exported kernels, per dtype (x, bias and out in the weight's dtype). They share the
+   signature of gemm.c's AMX kernels (decoder.c's linear_fn) and return 0: nothing to fail.
+     linear:  out [m, n] (row stride ldo) = x [m, k] (row stride ldx) @ W^T + bias ([n] or NULL)
+     swiglu:  out [m, inter] = silu(gate) * up of x @ W^T + bias, W = [gate | up] [2 inter, k]
+              packed gated (gemv.py), bias [2 inter] in [gate | up] order or NULL. */
+#define EXPORT_FOR_DTYPE(SUFFIX, IS_BF16)                                                                          \
+    int gemv_linear_##SUFFIX(const void *x, int64_t ldx, const void *packed, const void *bias, void *out,         \
+                             int64_t ldo, int64_t m, int64_t n, int64_t k, int threads) {                        \
+        const struct epilogue e = {bias, out, ldo, n, 0};                                                        \
+        linear_panels(x, ldx, packed, m, n, k, threads, &e, 0, IS_BF16);                                         \
+        return 0;                                                                                                 \
+    }                                                                                                             \
+    int gemv_swiglu_##SUFFIX(const void *x, int64_t ldx, const void *packed, const void *bias, void *out,         \
+                             int64_t ldo, int64_t m, int64_t inter, int64_t k, int threads) {                    \
+        const struct epilogue e = {bias, out, ldo, 2 * inter, inter};                                            \
+        linear_panels(x, ldx, packed, m, 2 * inter, k, threads, &e, 1, IS_BF16);                                 \
+        return 0;                                                                                                 \
+    }
+
+EXPORT_FOR_DTYPE(f32, 0)
+EXPORT_FOR_DTYPE(bf16, 1)
