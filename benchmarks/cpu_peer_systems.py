@@ -42,6 +42,21 @@ def copy_read_gbs(mib: int, repeats: int = 5) -> float:
     return src.nbytes / best / 1e9
 
 
+def plain_read_gbs(mib: int, repeats: int = 5) -> float:
+    """GB/s (1e9) of a plain multi-threaded read of a `mib` MiB fp32 buffer (a max-reduction,
+    which reads every byte once and writes nothing), best of `repeats`: the rate a weight
+    stream can approach. A copy's source rate is well below it, since the copy also writes
+    (and, without streaming stores, reads its destination first)."""
+    src = torch.ones(mib * 2**20 // 4)
+    src.amax()  # faulted in before timing
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        src.amax()
+        best = min(best, time.perf_counter() - start)
+    return src.nbytes / best / 1e9
+
+
 def model_weight_bytes(model: CausalLM | torch.nn.Module) -> int:
     """Bytes of the parameters and persistent buffers of a runner's model (the module itself
     where the one-call decoder stack wraps it), each storage once (a tied LM head counts once;

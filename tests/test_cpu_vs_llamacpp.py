@@ -95,8 +95,8 @@ def test_stream_share_in_the_systems_table() -> None:
         report.SystemRow("engine_fp32", "engine float32", 1, report.Timing(96, 3.0, 95, 2.5), 500_000_000),
         report.SystemRow("transformers_batch", "transformers", 16, report.Timing(1536, 12.0), None),
     ]
-    table = report.systems_table(rows, copy_read_gbs=38.0)
-    # 500 MB x 38 tok/s = 19 GB/s, half of the copy's 38 GB/s
+    table = report.systems_table(rows, read_gbs=38.0)
+    # 500 MB x 38 tok/s = 19 GB/s, half of a plain read's 38 GB/s
     assert "| engine_fp32 | engine float32 | 1 | 32.00 (38.00) | 500.00 | 19.0 (50%) |" in table
     assert "| transformers_batch | transformers | 16 | 128.00 (-) | - | - |" in table
 
