@@ -124,7 +124,7 @@ def bench(args: argparse.Namespace, url: str, out_dir: Path, env: dict[str, str]
         "--label",
         args.label,
         "--progress",
-        "none",
+        "off",
         "--output-dir",
         str(out_dir),
     ]
