@@ -3,7 +3,8 @@
     python benchmarks/agentic_engine.py [--device cpu|cuda] [--model smollm2-135m|PATH|random-llama3-8b]
         [--sessions 8,16] [--shared-prefix 256] [--turns 3] [--turn-tokens 32,96]
         [--output-tokens 16,48] [--seed 0] [--scheduling both|mixed|alternating]
-        [--max-num-batched-tokens 256] [--out results.json]
+        [--expansion host|device|both] [--profile-steps 100]
+        [--max-num-batched-tokens 256] [--kv-cache-bytes N] [--out results.json]
 
 The workload (seeded, identical for both policies): `sessions` concurrent sessions share a
 system prompt of `shared-prefix` token ids; each runs `turns` turns in a closed loop. A turn
@@ -18,11 +19,22 @@ first token), TPOT mean/p99 (per request: (finish - first token) / (O - 1)), eng
 mixed steps, prefill tokens computed, host ms per step (time inside EngineCore.step; on a
 GPU the device runs in parallel, on CPU the host does the work). One untimed warm-up turn
 runs first on each engine. Timed policies alternate per concurrency level.
+
+On a GPU, steady steps are profiled (benchmarks/gpu_busy.py): from the first step after as
+many requests finished as there are sessions (the cold burst is over, turns overlap), the
+next `profile-steps` steps report the GPU-busy share of the device timeline and device ms
+per step, against host ms per step over the same window.
+
+`--expansion both` adds the prefill slot expansion's A/B: `host-sized` passes the size the
+host knows to `repeat_interleave`, `device-sized` lets PyTorch read it back from the device
+(a host sync per prefill step, engine/runner/options.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import itertools
 import json
 import platform
 import random
@@ -37,11 +49,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.gpu_busy import BusyWindow  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.core import EngineCore  # noqa: E402
 from engine.engine_setup import build_engine_parts  # noqa: E402
 from engine.loader.load import LoadedModel, load_model  # noqa: E402
 from engine.loader.resolve import ModelSource  # noqa: E402
+from engine.runner.options import RunnerOptions  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 
 RANDOM_8B = "random-llama3-8b"
@@ -98,9 +112,16 @@ class PolicyResult:
     prefill_tokens_computed: int
     prefix_cache_hits: int
     host_ms_per_step: float
+    expansion: str = "host-sized"
+    profiled_steps: int = 0  # 0: no profile (CPU, or the run ended first)
+    window_host_ms_per_step: float | None = None
+    device_ms_per_step: float | None = None
+    gpu_busy_share: float | None = None
 
 
-def run_policy(engine: EngineCore, load: Workload, scheduling: str) -> PolicyResult:
+def run_policy(
+    engine: EngineCore, load: Workload, scheduling: str, expansion: str = "host-sized", profile_steps: int = 0
+) -> PolicyResult:
     sessions = make_sessions(load, engine.model_config.vocab_size)
     submitted: dict[str, tuple[int, float, int]] = {}  # request id -> session, submit time, O
 
@@ -117,13 +138,23 @@ def run_policy(engine: EngineCore, load: Workload, scheduling: str) -> PolicyRes
     ttft, tpot = [], []
     output_tokens = 0
     step_s = 0.0
+    window: BusyWindow | None = None
+    window_steps, window_step_s, busy = 0, 0.0, None
     start = time.perf_counter()
     for index in range(len(sessions)):
         submit(index)
     while engine.has_unfinished_requests():
+        if profile_steps and window is None and len(ttft) >= load.sessions:
+            window = BusyWindow()
+            window.start()
         t0 = time.perf_counter()
         outputs = engine.step()
         step_s += time.perf_counter() - t0
+        if window is not None and busy is None:
+            window_steps += 1
+            window_step_s += time.perf_counter() - t0
+            if window_steps == profile_steps:
+                busy = window.stop(window_steps)
         for out in outputs:
             if not out.finished:
                 continue
@@ -140,6 +171,8 @@ def run_policy(engine: EngineCore, load: Workload, scheduling: str) -> PolicyRes
             if session.done < len(session.turns):
                 submit(index)
     wall = time.perf_counter() - start
+    if window is not None and busy is None:
+        window.stop(window_steps)  # the run ended inside the window: too short to call steady
     after = engine.stats()
     steps = after.steps_total - before.steps_total
     return PolicyResult(
@@ -158,10 +191,17 @@ def run_policy(engine: EngineCore, load: Workload, scheduling: str) -> PolicyRes
         prefill_tokens_computed=after.prefill_tokens_computed_total - before.prefill_tokens_computed_total,
         prefix_cache_hits=after.prefix_cache_hits_total - before.prefix_cache_hits_total,
         host_ms_per_step=1e3 * step_s / max(steps, 1),
+        expansion=expansion,
+        profiled_steps=busy.steps if busy else 0,
+        window_host_ms_per_step=1e3 * window_step_s / busy.steps if busy else None,
+        device_ms_per_step=busy.device_ms_per_step if busy else None,
+        gpu_busy_share=busy.busy_share if busy else None,
     )
 
 
-def build_engine(loaded: LoadedModel, args: argparse.Namespace, scheduling: str, max_num_seqs: int) -> EngineCore:
+def build_engine(
+    loaded: LoadedModel, args: argparse.Namespace, scheduling: str, expansion: str, max_num_seqs: int
+) -> EngineCore:
     config = EngineConfig(
         model=str(loaded.source.name),
         device=args.device,
@@ -171,7 +211,8 @@ def build_engine(loaded: LoadedModel, args: argparse.Namespace, scheduling: str,
         kv_cache_memory_bytes=args.kv_cache_bytes,
         scheduling=scheduling,  # type: ignore[arg-type]
     )
-    return EngineCore(config, parts=build_engine_parts(config, loaded=loaded))
+    options = RunnerOptions(host_sized_expansion=expansion == "host-sized")
+    return EngineCore(config, parts=build_engine_parts(config, loaded=loaded, runner_options=options))
 
 
 def _pair(text: str) -> tuple[int, int]:
@@ -191,6 +232,8 @@ def main() -> None:
     parser.add_argument("--output-tokens", type=_pair, default=(16, 48))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scheduling", choices=["both", "mixed", "alternating"], default="both")
+    parser.add_argument("--expansion", choices=["host", "device", "both"], default="host")
+    parser.add_argument("--profile-steps", type=int, default=100, help="steady steps profiled on a GPU; 0: none")
     parser.add_argument("--max-num-batched-tokens", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--kv-cache-bytes", type=int, default=1 << 30)
@@ -200,24 +243,22 @@ def main() -> None:
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.float32 if args.device == "cpu" else torch.bfloat16)
     loaded = _load(args.model, dtype, args.device)
     policies = ["alternating", "mixed"] if args.scheduling == "both" else [args.scheduling]
+    expansions = ["host-sized", "device-sized"] if args.expansion == "both" else [f"{args.expansion}-sized"]
+    profile_steps = args.profile_steps if args.device.startswith("cuda") else 0
     results: list[dict[str, Any]] = []
     for sessions in (int(s) for s in args.sessions.split(",")):
         load = Workload(sessions, args.shared_prefix, args.turns, args.turn_tokens, args.output_tokens, args.seed)
-        for policy in policies:
-            engine = build_engine(loaded, args, policy, max_num_seqs=sessions)
+        for policy, expansion in itertools.product(policies, expansions):
+            engine = build_engine(loaded, args, policy, expansion, max_num_seqs=sessions)
             warm = Workload(min(2, sessions), 16, 1, (8, 8), (4, 4), args.seed + 1)
             run_policy(engine, warm, policy)
-            result = run_policy(engine, load, policy)
+            result = run_policy(engine, load, policy, expansion, profile_steps)
+            del engine  # its KV pool goes before the next engine allocates one
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
             results.append(asdict(result))
-            print(
-                f"sessions={sessions:4d} {policy:12s} {result.output_tokens_per_s:8.1f} tok/s  "
-                f"TTFT mean/p50/p90 {result.ttft_mean_ms:7.0f}/{result.ttft_p50_ms:7.0f}/{result.ttft_p90_ms:7.0f} ms  "
-                f"TPOT mean/p99 {result.tpot_mean_ms:6.1f}/{result.tpot_p99_ms:6.1f} ms  "
-                f"steps {result.steps} (mixed {result.mixed_steps})  "
-                f"prefill computed {result.prefill_tokens_computed}  "
-                f"host {result.host_ms_per_step:.1f} ms/step",
-                flush=True,
-            )
+            print(_line(result), flush=True)
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": platform.platform(),
@@ -227,6 +268,23 @@ def main() -> None:
     }
     if args.out is not None:
         args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+
+
+def _line(result: PolicyResult) -> str:
+    line = (
+        f"sessions={result.sessions:4d} {result.scheduling:11s} {result.expansion:12s} "
+        f"{result.output_tokens_per_s:8.1f} tok/s  "
+        f"TTFT mean/p50/p90 {result.ttft_mean_ms:6.0f}/{result.ttft_p50_ms:6.0f}/{result.ttft_p90_ms:6.0f} ms  "
+        f"TPOT mean/p99 {result.tpot_mean_ms:5.1f}/{result.tpot_p99_ms:5.1f} ms  "
+        f"steps {result.steps} (mixed {result.mixed_steps})  prefill computed {result.prefill_tokens_computed}  "
+        f"host {result.host_ms_per_step:.1f} ms/step"
+    )
+    if result.gpu_busy_share is not None:
+        line += (
+            f"  | {result.profiled_steps} steady steps: host {result.window_host_ms_per_step:.2f} "
+            f"device {result.device_ms_per_step:.2f} ms/step, GPU busy {100 * result.gpu_busy_share:.1f} %"
+        )
+    return line
 
 
 def _load(model: str, dtype: torch.dtype, device: str) -> LoadedModel:
