@@ -117,6 +117,7 @@ class PolicyResult:
     window_host_ms_per_step: float | None = None
     device_ms_per_step: float | None = None
     gpu_busy_share: float | None = None
+    top_kernels_ms: tuple[tuple[str, float], ...] = ()  # over the profiled window
 
 
 def run_policy(
@@ -196,6 +197,7 @@ def run_policy(
         window_host_ms_per_step=1e3 * window_step_s / busy.steps if busy else None,
         device_ms_per_step=busy.device_ms_per_step if busy else None,
         gpu_busy_share=busy.busy_share if busy else None,
+        top_kernels_ms=busy.top_kernels if busy else (),
     )
 
 
@@ -250,7 +252,10 @@ def main() -> None:
         load = Workload(sessions, args.shared_prefix, args.turns, args.turn_tokens, args.output_tokens, args.seed)
         for policy, expansion in itertools.product(policies, expansions):
             engine = build_engine(loaded, args, policy, expansion, max_num_seqs=sessions)
-            warm = Workload(min(2, sessions), 16, 1, (8, 8), (4, 4), args.seed + 1)
+            # the warm-up's shapes are the run's (prefix, turn and output lengths), so that kernels
+            # compiled or tuned per shape are ready before the clock starts
+            warm_sessions = min(4, sessions)
+            warm = Workload(warm_sessions, args.shared_prefix, 1, args.turn_tokens, args.output_tokens, args.seed + 1)
             run_policy(engine, warm, policy)
             result = run_policy(engine, load, policy, expansion, profile_steps)
             del engine  # its KV pool goes before the next engine allocates one
@@ -284,6 +289,8 @@ def _line(result: PolicyResult) -> str:
             f"  | {result.profiled_steps} steady steps: host {result.window_host_ms_per_step:.2f} "
             f"device {result.device_ms_per_step:.2f} ms/step, GPU busy {100 * result.gpu_busy_share:.1f} %"
         )
+        for name, ms in result.top_kernels_ms:
+            line += f"\n    {ms:9.1f} ms  {name[:110]}"
     return line
 
 

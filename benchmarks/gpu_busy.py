@@ -9,11 +9,14 @@ loop matches the host's wall time over the same steps to within one step.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
+
+TOP_KERNELS = 8
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,7 @@ class BusyShare:
     busy_ms: float  # union of the device's activity intervals
     span_ms: float  # first device activity to last
     busy_share: float  # busy_ms / span_ms
+    top_kernels: tuple[tuple[str, float], ...] = ()  # (name, total ms), the most device time first
 
     @property
     def device_ms_per_step(self) -> float:
@@ -54,13 +58,14 @@ class BusyWindow:
         torch.cuda.synchronize()
         self._prof.__exit__(None, None, None)
         results = self._prof.profiler.kineto_results  # type: ignore[union-attr]
-        intervals = [
-            (e.start_ns(), e.start_ns() + e.duration_ns())
-            for e in results.events()
-            if e.device_type() == DeviceType.CUDA and e.duration_ns() > 0
-        ]
+        events = [e for e in results.events() if e.device_type() == DeviceType.CUDA and e.duration_ns() > 0]
+        intervals = [(e.start_ns(), e.start_ns() + e.duration_ns()) for e in events]
+        by_name: dict[str, int] = defaultdict(int)
+        for e in events:
+            by_name[e.name()] += e.duration_ns()
+        top = sorted(by_name.items(), key=lambda item: -item[1])[:TOP_KERNELS]
         if not intervals:
             raise RuntimeError("the profiler saw no device activity in the window")
         busy = union_ns(intervals)
         span = max(end for _, end in intervals) - min(start for start, _ in intervals)
-        return BusyShare(steps, busy / 1e6, span / 1e6, busy / span)
+        return BusyShare(steps, busy / 1e6, span / 1e6, busy / span, tuple((n, ns / 1e6) for n, ns in top))
