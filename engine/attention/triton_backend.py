@@ -3,9 +3,13 @@
 Stores the new K/V with one kernel, then attends with one of two kernels chosen from host
 ints only: the split-KV kernel when every request's rows fit one small tile (decode, DSpark
 verify windows and drafter blocks: `max_extend_len * G <= MAX_ROWS`), the extend kernel
-otherwise (prefill, chunked prefill). Both read K/V through `req_to_token`, never read the
-device from the host, and size their grids from host bounds, so a forward can be captured
-in a CUDA graph per batch-size bucket (workspace comes from the graph's memory pool).
+otherwise (prefill, chunked prefill). A mixed step's forward is attended as its two parts
+(AttentionMetadata.parts): its decode rows by the split-KV kernel, its chunks by the extend
+kernel; as one forward, the extend kernel would give each decode row a single program over
+its whole context (41 of a 61 ms step at 256 sessions, docs/benchmarks.md). Both kernels
+read K/V through `req_to_token`, never read the device from the host, and size their grids
+from host bounds, so a forward can be captured in a CUDA graph per batch-size bucket
+(workspace comes from the graph's memory pool).
 """
 
 from __future__ import annotations
@@ -37,7 +41,24 @@ class TritonAttentionBackend:
             out = torch.empty_like(q)
         if q.stride(-1) != 1:
             q = q.contiguous()
-        group = q.shape[1] // k_cache.shape[1]
-        if split_kv_rows(meta, group) <= MAX_ROWS:
-            return decode_attention(q, k_cache, v_cache, meta, scale, out)
-        return extend_attention(q, k_cache, v_cache, meta, scale, out)
+        if meta.parts is None:
+            return _attend(q, k_cache, v_cache, meta, scale, out)
+        decode_rows, chunks = meta.parts
+        n = decode_rows.num_tokens
+        _attend(q[:n], k_cache, v_cache, decode_rows, scale, out[:n])
+        _attend(q[n:], k_cache, v_cache, chunks, scale, out[n:])
+        return out
+
+
+def _attend(
+    q: torch.Tensor,  # [T, Hq, D], last dim contiguous
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    out: torch.Tensor,  # [T, Hq, D]
+) -> torch.Tensor:
+    group = q.shape[1] // k_cache.shape[1]
+    if split_kv_rows(meta, group) <= MAX_ROWS:
+        return decode_attention(q, k_cache, v_cache, meta, scale, out)
+    return extend_attention(q, k_cache, v_cache, meta, scale, out)

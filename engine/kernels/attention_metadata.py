@@ -45,6 +45,11 @@ class AttentionMetadata:
     max_seq_len: int  # host upper bound on seq_lens
     causal: bool = True
     uniform_extend: int | None = None  # every request has exactly this many rows, laid [B, n]
+    # A mixed step's forward (decode rows first, then prefill chunks) also keeps its two halves
+    # as forwards of their own: parts[0] over query rows [0, n), parts[1] over rows [n, T) with
+    # its q_start counted from n, where n = parts[0].num_tokens. A backend may attend them apart,
+    # each with the kernel made for it; the whole (above) stays valid for one that does not.
+    parts: tuple[AttentionMetadata, AttentionMetadata] | None = None
 
     @property
     def batch_size(self) -> int:

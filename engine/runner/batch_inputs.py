@@ -121,5 +121,6 @@ def concat_extend(first: ExtendInputs, second: ExtendInputs) -> ExtendInputs:
         max_extend_len=max(a.max_extend_len, b.max_extend_len),
         max_seq_len=max(a.max_seq_len, b.max_seq_len),
         causal=True,
+        parts=(a, b),
     )
     return ExtendInputs(positions=torch.cat((first.positions, second.positions)), meta=meta)

@@ -12,6 +12,7 @@ before triton itself is first imported (see there). Run it directly with
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -63,6 +64,8 @@ import engine.kernels.store_kv as store_kv_module  # noqa: E402
 import engine.kernels.triton.decode_attention as triton_decode  # noqa: E402
 import engine.kernels.triton.extend_attention as triton_extend  # noqa: E402
 from engine.attention import TorchAttentionBackend, select_backend  # noqa: E402
+from engine.kernels.attention_metadata import AttentionMetadata  # noqa: E402
+from engine.kernels.triton.decode_attention import MAX_ROWS  # noqa: E402
 
 GQA = {1: (2, 2), 3: (6, 2), 4: (4, 1)}  # group -> (Hq, Hkv)
 
@@ -162,6 +165,49 @@ def test_triton_backend_forward(scenario: str, seed: int):
     check(case, out)
     k_ref, _ = stored_caches_float64(case)
     torch.testing.assert_close(k_cache[:-1].double(), k_ref[:-1], equal_nan=True, atol=0, rtol=0)
+
+
+def mixed_parts(meta: AttentionMetadata, num_decode_reqs: int) -> AttentionMetadata:
+    """`meta` of a mixed forward with its halves attached as concat_extend attaches them:
+    the decode rows' uniform windows, then the chunks with their own row numbering."""
+    n = int(meta.q_start[num_decode_reqs])
+    width = int(meta.extend_lens[0])
+    d = num_decode_reqs
+    decode_rows = AttentionMetadata(
+        meta.req_to_token, meta.req_rows[:d], meta.seq_lens[:d], meta.extend_lens[:d], meta.q_start[:d],
+        meta.out_slots[:n], meta.token_req[:n], meta.token_offset[:n], n, width, meta.max_seq_len,
+        uniform_extend=width,
+    )  # fmt: skip
+    chunks = AttentionMetadata(
+        meta.req_to_token, meta.req_rows[d:], meta.seq_lens[d:], meta.extend_lens[d:], meta.q_start[d:] - n,
+        meta.out_slots[n:], meta.token_req[n:] - d, meta.token_offset[n:], meta.num_tokens - n,
+        meta.max_extend_len, meta.max_seq_len,
+    )  # fmt: skip
+    return dataclasses.replace(meta, parts=(decode_rows, chunks))
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_a_mixed_forward_attends_its_parts_with_their_own_kernels(group: int, seed: int, monkeypatch):
+    """The decode rows of a mixed forward go through the split-KV kernel, whatever the chunks'
+    length (the chunks take the kernel their own rows call for), and together they give the
+    one-forward answer."""
+    num_q_heads, num_kv_heads = GQA[group]
+    case = scenario_case("mixed", seed, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, page_size=16)
+    meta = mixed_parts(case.meta, case.meta.batch_size - 2)  # the scenario ends with two chunks
+    calls: list[tuple[str, int]] = []
+    for module, name in ((triton_backend, "decode_attention"), (triton_backend, "extend_attention")):
+        kernel = getattr(module, name)
+        monkeypatch.setattr(
+            module, name, lambda q, *a, _k=kernel, _n=name, **kw: (calls.append((_n, q.shape[0])), _k(q, *a, **kw))[1]
+        )
+    k_cache, v_cache = case.clone_caches()
+    backend = triton_backend.TritonAttentionBackend()
+    out = backend.forward(case.q, case.k, case.v, k_cache, v_cache, meta, case.scale, out=poisoned(case))
+    check(case, out)
+    decode_rows, chunks = meta.parts
+    n = decode_rows.num_tokens
+    chunk_kernel = "decode_attention" if triton_decode.split_kv_rows(chunks, group) <= MAX_ROWS else "extend_attention"
+    assert calls == [("decode_attention", n), (chunk_kernel, case.meta.num_tokens - n)]
 
 
 def test_empty_request_rows_are_zero(seed: int):
