@@ -47,8 +47,8 @@ def _exact(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
 @pytest.mark.parametrize("rows", [1, 5, 16, 37])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_onednn_packed_linear_rounds_the_exact_product(dtype, rows, with_bias):
-    if not cpu_linear.cpu_packing_supported(dtype):
-        pytest.skip(f"{dtype} packing is not supported here")
+    if not cpu_linear.onednn_packing_supported(dtype):
+        pytest.skip(f"oneDNN does not pack {dtype} here")
     gen = torch.Generator().manual_seed(rows)
     weight = torch.randn(88, 80, generator=gen).to(dtype)  # N = 88: not a shape for our kernels
     bias = torch.randn(88, generator=gen).to(dtype) if with_bias else None

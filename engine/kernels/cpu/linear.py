@@ -26,6 +26,7 @@ VMs: benchmarks/cpu_packed_linear.py, benchmarks/cpu_kernels.py.
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 import torch
@@ -38,17 +39,26 @@ from engine.kernels.cpu import gemm, gemv
 ONEDNN_DTYPES = (torch.bfloat16, torch.float16)
 # oneDNN picks the packed layout for this many rows; the product is exact for any count.
 _ROWS_HINT = 16
+# ONEDNN_MAX_CPU_ISA values below the instructions oneDNN's bf16/fp16 linears need
+_ONEDNN_CAPS_WITHOUT_HALF = frozenset({"SSE41", "AVX", "AVX2", "AVX2_VNNI"})
 
 Kernel = Literal["amx", "gemv", "onednn", "dense"]
 
 
 def cpu_packing_supported(dtype: torch.dtype) -> bool:
     """True when weights of `dtype` can be packed here: fp32/bf16 for our kernels (built for
-    this CPU), or a bf16/fp16 dtype that oneDNN is built into torch for and this CPU has the
-    instructions for (else oneDNN would emulate them)."""
-    if dtype in gemv.DTYPES and gemv.available():
-        return True
+    this CPU), or a dtype oneDNN packs here (`onednn_packing_supported`)."""
+    return (dtype in gemv.DTYPES and gemv.available()) or onednn_packing_supported(dtype)
+
+
+def onednn_packing_supported(dtype: torch.dtype) -> bool:
+    """True when oneDNN packs and multiplies `dtype` natively here: a bf16/fp16 dtype that
+    oneDNN is built into torch for, which this CPU has the instructions for (else oneDNN would
+    emulate them) and which `ONEDNN_MAX_CPU_ISA` does not cap away (torch's support checks read
+    the CPU alone, while oneDNN refuses bf16 below AVX512_CORE or AVX2_VNNI_2 when capped)."""
     if dtype not in ONEDNN_DTYPES or not torch.backends.mkldnn.is_available():
+        return False
+    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in _ONEDNN_CAPS_WITHOUT_HALF:
         return False
     mkldnn = torch.ops.mkldnn
     if dtype == torch.bfloat16:
@@ -70,7 +80,7 @@ def pack_weight(weight: torch.Tensor, gated: bool = False) -> torch.Tensor:
         return gemv.pack_gated(weight)
     if gemv.supports(weight):
         return gemv.pack(weight)
-    if weight.dtype in ONEDNN_DTYPES and cpu_packing_supported(weight.dtype):
+    if onednn_packing_supported(weight.dtype):
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), _ROWS_HINT)
     return weight
 
