@@ -52,11 +52,11 @@ class BusyWindow:
         self._prof = profile(activities=[ProfilerActivity.CUDA])
 
     def start(self) -> None:
-        self._prof.__enter__()
+        self._prof.start()
 
     def stop(self, steps: int) -> BusyShare:
         torch.cuda.synchronize()
-        self._prof.__exit__(None, None, None)
+        self._prof.stop()
         results = self._prof.profiler.kineto_results  # type: ignore[union-attr]
         events = [e for e in results.events() if e.device_type() == DeviceType.CUDA and e.duration_ns() > 0]
         intervals = [(e.start_ns(), e.start_ns() + e.duration_ns()) for e in events]
