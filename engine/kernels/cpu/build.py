@@ -64,6 +64,14 @@ def _flags(target: isa.Target) -> tuple[str, ...]:
     return (*CFLAGS, *target.compile_flags())
 
 
+def compile_command(name: str, compiler: str, target: isa.Target, output: Path) -> list[str]:
+    """The command that builds `<name>.c` of this folder into the shared library `output` with
+    `compiler` for `target`: what `load` runs, and what tests/cpu_kernels/test_arm64_build.py
+    runs with a cross compiler for isa.resolve's ARM64 target."""
+    source = str(SOURCE_DIR / f"{name}.c")
+    return [compiler, *_flags(target), "-I", str(SOURCE_DIR), source, "-o", str(output), "-lm"]
+
+
 def _library_path(name: str, compiler: str, target: isa.Target) -> Path:
     digest = hashlib.sha256()
     cpu = isa.cpu_flags() or frozenset()
@@ -79,8 +87,7 @@ def _build(name: str, compiler: str, target: isa.Target, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         partial = Path(tmp) / path.name
-        source = str(SOURCE_DIR / f"{name}.c")
-        command = [compiler, *_flags(target), "-I", str(SOURCE_DIR), source, "-o", str(partial), "-lm"]
+        command = compile_command(name, compiler, target, partial)
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise OSError(f"{' '.join(command)} failed:\n{result.stderr.strip()}")
