@@ -14,7 +14,7 @@ HAS_GPU := $(shell (command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null
 TORCH_PIN := $(if $(HAS_GPU),torch,torch==2.13.0)
 PYTEST_ARGS ?=
 
-.PHONY: serve test test-isa test-all lint typecheck install lock system-deps clean
+.PHONY: serve test test-isa test-arm64 test-all lint typecheck install lock system-deps arm64-deps clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,25 @@ test-isa: install
 	  $(TEST_ENV) DSPARK_CPU_ISA=$$level env $$caps $(PY) -m pytest -q $(PYTEST_ARGS) -k "$(ISA_SELECT)" $(ISA_TESTS) \
 	    || exit 1; \
 	done
+
+# The CPU kernels' portable C path on ARM64, the build isa.py gives every machine that is not
+# x86: each kernel source cross-compiled by build.py's own command, then run under qemu-aarch64
+# against the torch references (tests/cpu_kernels/test_arm64_build.py; about 10 s on 2 cores).
+# It needs a cross compiler, the ARM64 C library and libgomp, and qemu-user: Debian packages
+# (about 56 MB), installed once by arm64-deps. `make test` does not install them (a fresh CI
+# machine would download them on every run) and skips the file, saying why, where they are missing.
+ARM64_PACKAGES := gcc-aarch64-linux-gnu libc6-dev-arm64-cross libgomp1-arm64-cross qemu-user
+ARM64_READY := command -v aarch64-linux-gnu-gcc && command -v qemu-aarch64 \
+	&& test -e /usr/aarch64-linux-gnu/include/stdio.h && test -e /usr/aarch64-linux-gnu/lib/libgomp.so.1
+
+arm64-deps:
+	@($(ARM64_READY)) >/dev/null || { \
+	  echo "installing the ARM64 cross toolchain and qemu-user (Debian packages) for test-arm64"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    $(ARM64_PACKAGES) >/dev/null && ($(ARM64_READY)) >/dev/null; }
+
+test-arm64: install arm64-deps
+	$(TEST_ENV) $(PY) -m pytest -q -rA $(PYTEST_ARGS) tests/cpu_kernels/test_arm64_build.py
 
 test-all: install system-deps
 	$(TEST_ENV) $(PY) -m pytest -q -m "" $(PYTEST_ARGS)
