@@ -20,10 +20,13 @@ mixed steps, prefill tokens computed, host ms per step (time inside EngineCore.s
 GPU the device runs in parallel, on CPU the host does the work). One untimed warm-up turn
 runs first on each engine. Timed policies alternate per concurrency level.
 
-On a GPU, steady steps are profiled (benchmarks/gpu_busy.py): from the first step after as
-many requests finished as there are sessions (the cold burst is over, turns overlap), the
-next `profile-steps` steps report the GPU-busy share of the device timeline and device ms
-per step, against host ms per step over the same window.
+On a GPU, `profile-steps` steady steps are measured: from the first step after as many
+requests finished as there are sessions (the cold burst is over, turns overlap). The profiler
+slows the host's launches, so it never runs in the timed pass: the workload is deterministic
+(seeded, greedy), so a second pass on a fresh engine profiles the same steps
+(benchmarks/gpu_busy.py) for the device ms per step, and the GPU-busy share is that over the
+timed pass's wall ms per step across the same window. Mean token mix per step: decode rows
+(output tokens less first tokens) and prefill tokens computed.
 
 `--expansion both` adds the prefill slot expansion's A/B: `host-sized` passes the size the
 host knows to `repeat_interleave`, `device-sized` lets PyTorch read it back from the device
@@ -33,6 +36,7 @@ host knows to `repeat_interleave`, `device-sized` lets PyTorch read it back from
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import itertools
 import json
@@ -49,7 +53,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gpu_busy import BusyWindow  # noqa: E402
+from benchmarks.gpu_busy import BusyShare, BusyWindow  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.core import EngineCore  # noqa: E402
 from engine.engine_setup import build_engine_parts  # noqa: E402
@@ -112,17 +116,35 @@ class PolicyResult:
     prefill_tokens_computed: int
     prefix_cache_hits: int
     host_ms_per_step: float
+    decode_rows_per_step: float
+    prefill_tokens_per_step: float
     expansion: str = "host-sized"
-    profiled_steps: int = 0  # 0: no profile (CPU, or the run ended first)
-    window_host_ms_per_step: float | None = None
-    device_ms_per_step: float | None = None
-    gpu_busy_share: float | None = None
+    window_steps: int = 0  # steady steps measured; 0: none (CPU, or the run ended first)
+    window_wall_ms_per_step: float | None = None  # timed pass, no profiler
+    window_host_ms_per_step: float | None = None  # inside EngineCore.step, timed pass
+    device_ms_per_step: float | None = None  # profiled pass, same steps
+    gpu_busy_share: float | None = None  # device ms / wall ms per window step
+    profiled_span_busy_share: float | None = None  # busy / span under the profiler (biased low)
     top_kernels_ms: tuple[tuple[str, float], ...] = ()  # over the profiled window
 
 
+@dataclass(frozen=True)
+class SteadyWindow:
+    steps: int
+    wall_s: float  # the loop's wall time over the window's steps
+    host_s: float  # of which inside EngineCore.step
+    busy: BusyShare | None  # the profiler's reading (profiled pass only)
+
+
 def run_policy(
-    engine: EngineCore, load: Workload, scheduling: str, expansion: str = "host-sized", profile_steps: int = 0
-) -> PolicyResult:
+    engine: EngineCore,
+    load: Workload,
+    scheduling: str,
+    expansion: str = "host-sized",
+    window_steps: int = 0,
+    profile: bool = False,
+) -> tuple[PolicyResult, SteadyWindow | None]:
+    """One closed-loop run; `window_steps` steady steps timed (and profiled if `profile`)."""
     sessions = make_sessions(load, engine.model_config.vocab_size)
     submitted: dict[str, tuple[int, float, int]] = {}  # request id -> session, submit time, O
 
@@ -136,26 +158,27 @@ def run_policy(
         engine.add_request(request_id, list(session.history), params)
 
     before = engine.stats()
-    ttft, tpot = [], []
-    output_tokens = 0
+    ttft: list[float] = []
+    tpot: list[float] = []
+    output_tokens = requests_done = 0
     step_s = 0.0
-    window: BusyWindow | None = None
-    window_steps, window_step_s, busy = 0, 0.0, None
+    profiler = BusyWindow() if profile else None
+    in_window, window_start, window_host_s, counted = False, 0.0, 0.0, 0
+    steady: SteadyWindow | None = None
     start = time.perf_counter()
     for index in range(len(sessions)):
         submit(index)
     while engine.has_unfinished_requests():
-        if profile_steps and window is None and len(ttft) >= load.sessions:
-            window = BusyWindow()
-            window.start()
+        if window_steps and steady is None and not in_window and len(ttft) >= load.sessions:
+            in_window, window_start = True, time.perf_counter()
+            if profiler is not None:
+                profiler.start()
         t0 = time.perf_counter()
         outputs = engine.step()
         step_s += time.perf_counter() - t0
-        if window is not None and busy is None:
-            window_steps += 1
-            window_step_s += time.perf_counter() - t0
-            if window_steps == profile_steps:
-                busy = window.stop(window_steps)
+        if in_window:
+            counted += 1
+            window_host_s += time.perf_counter() - t0
         for out in outputs:
             if not out.finished:
                 continue
@@ -166,17 +189,26 @@ def run_policy(
             if out_len > 1:
                 tpot.append((timings.finished_s - timings.first_token_s) / (out_len - 1))
             output_tokens += len(out.token_ids)
+            requests_done += 1
             session = sessions[index]
             session.history.extend(out.token_ids)
             session.done += 1
             if session.done < len(session.turns):
                 submit(index)
+        if in_window and counted == window_steps:
+            in_window = False
+            if profiler is not None:
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - window_start
+            busy = profiler.stop(counted) if profiler is not None else None  # after the clock stops
+            steady = SteadyWindow(counted, wall, window_host_s, busy)
     wall = time.perf_counter() - start
-    if window is not None and busy is None:
-        window.stop(window_steps)  # the run ended inside the window: too short to call steady
+    if in_window and profiler is not None:
+        profiler.stop(max(counted, 1))  # the run ended inside the window: too short to call steady
     after = engine.stats()
     steps = after.steps_total - before.steps_total
-    return PolicyResult(
+    prefill_tokens = after.prefill_tokens_computed_total - before.prefill_tokens_computed_total
+    result = PolicyResult(
         scheduling=scheduling,
         sessions=load.sessions,
         wall_s=wall,
@@ -189,16 +221,35 @@ def run_policy(
         tpot_p99_ms=1e3 * float(np.percentile(tpot, 99)),
         steps=steps,
         mixed_steps=after.mixed_steps_total - before.mixed_steps_total,
-        prefill_tokens_computed=after.prefill_tokens_computed_total - before.prefill_tokens_computed_total,
+        prefill_tokens_computed=prefill_tokens,
         prefix_cache_hits=after.prefix_cache_hits_total - before.prefix_cache_hits_total,
         host_ms_per_step=1e3 * step_s / max(steps, 1),
+        decode_rows_per_step=(output_tokens - requests_done) / max(steps, 1),
+        prefill_tokens_per_step=prefill_tokens / max(steps, 1),
         expansion=expansion,
-        profiled_steps=busy.steps if busy else 0,
-        window_host_ms_per_step=1e3 * window_step_s / busy.steps if busy else None,
-        device_ms_per_step=busy.device_ms_per_step if busy else None,
-        gpu_busy_share=busy.busy_share if busy else None,
-        top_kernels_ms=busy.top_kernels if busy else (),
     )
+    return result, steady
+
+
+def with_window(result: PolicyResult, timed: SteadyWindow | None, profiled: SteadyWindow | None) -> PolicyResult:
+    """`result` with the timed pass's steady window and the profiled pass's device time."""
+    if timed is None:
+        return result
+    wall_ms = 1e3 * timed.wall_s / timed.steps
+    fields: dict[str, Any] = {
+        "window_steps": timed.steps,
+        "window_wall_ms_per_step": wall_ms,
+        "window_host_ms_per_step": 1e3 * timed.host_s / timed.steps,
+    }
+    if profiled is not None and profiled.busy is not None and profiled.steps == timed.steps:
+        busy = profiled.busy
+        fields |= {
+            "device_ms_per_step": busy.device_ms_per_step,
+            "gpu_busy_share": busy.device_ms_per_step / wall_ms,
+            "profiled_span_busy_share": busy.busy_share,
+            "top_kernels_ms": busy.top_kernels,
+        }
+    return dataclasses.replace(result, **fields)
 
 
 def build_engine(
@@ -251,17 +302,11 @@ def main() -> None:
     for sessions in (int(s) for s in args.sessions.split(",")):
         load = Workload(sessions, args.shared_prefix, args.turns, args.turn_tokens, args.output_tokens, args.seed)
         for policy, expansion in itertools.product(policies, expansions):
-            engine = build_engine(loaded, args, policy, expansion, max_num_seqs=sessions)
-            # the warm-up's shapes are the run's (prefix, turn and output lengths), so that kernels
-            # compiled or tuned per shape are ready before the clock starts
-            warm_sessions = min(4, sessions)
-            warm = Workload(warm_sessions, args.shared_prefix, 1, args.turn_tokens, args.output_tokens, args.seed + 1)
-            run_policy(engine, warm, policy)
-            result = run_policy(engine, load, policy, expansion, profile_steps)
-            del engine  # its KV pool goes before the next engine allocates one
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+            result, timed = _fresh_run(loaded, args, load, policy, expansion, profile_steps, profile=False)
+            profiled = None
+            if timed is not None:  # the same steps again, under the profiler
+                _, profiled = _fresh_run(loaded, args, load, policy, expansion, profile_steps, profile=True)
+            result = with_window(result, timed, profiled)
             results.append(asdict(result))
             print(_line(result), flush=True)
     meta = {
@@ -275,6 +320,29 @@ def main() -> None:
         args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
 
 
+def _fresh_run(
+    loaded: LoadedModel,
+    args: argparse.Namespace,
+    load: Workload,
+    policy: str,
+    expansion: str,
+    window_steps: int,
+    profile: bool,
+) -> tuple[PolicyResult, SteadyWindow | None]:
+    """The workload on a new engine (empty prefix cache) after a warm-up."""
+    engine = build_engine(loaded, args, policy, expansion, max_num_seqs=load.sessions)
+    # the warm-up's shapes are the run's (prefix, turn and output lengths), so that kernels
+    # compiled or tuned per shape are ready before the clock starts
+    warm = Workload(min(4, load.sessions), load.shared_prefix, 1, load.turn_tokens, load.output_tokens, load.seed + 1)
+    run_policy(engine, warm, policy)
+    outcome = run_policy(engine, load, policy, expansion, window_steps, profile)
+    del engine  # its KV pool goes before the next engine allocates one
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return outcome
+
+
 def _line(result: PolicyResult) -> str:
     line = (
         f"sessions={result.sessions:4d} {result.scheduling:11s} {result.expansion:12s} "
@@ -284,10 +352,14 @@ def _line(result: PolicyResult) -> str:
         f"steps {result.steps} (mixed {result.mixed_steps})  prefill computed {result.prefill_tokens_computed}  "
         f"host {result.host_ms_per_step:.1f} ms/step"
     )
+    line += f"  mix {result.decode_rows_per_step:.0f} decode rows"
+    line += f" + {result.prefill_tokens_per_step:.0f} prefill tokens/step"
     if result.gpu_busy_share is not None:
         line += (
-            f"  | {result.profiled_steps} steady steps: host {result.window_host_ms_per_step:.2f} "
-            f"device {result.device_ms_per_step:.2f} ms/step, GPU busy {100 * result.gpu_busy_share:.1f} %"
+            f"  | {result.window_steps} steady steps: wall {result.window_wall_ms_per_step:.2f} "
+            f"host {result.window_host_ms_per_step:.2f} device {result.device_ms_per_step:.2f} ms/step, "
+            f"GPU busy {100 * result.gpu_busy_share:.1f} % (under the profiler "
+            f"{100 * (result.profiled_span_busy_share or 0):.1f} %)"
         )
         for name, ms in result.top_kernels_ms:
             line += f"\n    {ms:9.1f} ms  {name[:110]}"

@@ -34,10 +34,15 @@ def random_llama_dir(out: Path, vocab_words: int = 509) -> Path:
 
 
 def gpu_engine(
-    tmp: Path, speculative: bool, drafter_layers: int = 1, max_batch_size: int | None = None, **options: object
+    tmp: Path,
+    speculative: bool,
+    drafter_layers: int = 1,
+    max_batch_size: int | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    **options: object,
 ) -> EngineCore:
     model_dir = random_llama_dir(tmp / "model")
-    loaded = load_model(str(model_dir), dtype=torch.bfloat16, device="cuda", progress=False)
+    loaded = load_model(str(model_dir), dtype=dtype, device="cuda", progress=False)
     spec = None
     if speculative:
         drafter = random_drafter_dir(tmp / "drafter", loaded, num_layers=drafter_layers)
@@ -46,6 +51,7 @@ def gpu_engine(
     config = EngineConfig(
         model=str(model_dir),
         device="cuda",
+        dtype=str(dtype).removeprefix("torch."),
         max_model_len=1024,
         max_num_seqs=8,
         speculative=spec,
