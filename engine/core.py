@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.engine_setup import EngineParts, build_engine_parts
-from engine.handoff import Continuation, KVHandoff
+from engine.handoff import Continuation, HeldKV, KVHandoff
+from engine.kv.pool import KVPool
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
 from engine.request import Request
@@ -71,6 +72,7 @@ class EngineCore:
         self._inflight: tuple[ScheduledStep, PendingStep] | None = None
         self._aborts: list[str] = []
         self._handoffs: deque[tuple[Request, KVHandoff]] = deque()
+        self._held: dict[str, tuple[Request, float]] = {}  # hold_kv: request, monotonic deadline
         self._key_counter = itertools.count(1)
         self._outputs = OutputProcessor(self.tokenizer, self.model_config, self.max_model_len)
         self._grammar_compiler: GrammarCompiler | None = None  # made at the first grammar request
@@ -189,22 +191,58 @@ class EngineCore:
     def export_kv(self, request_id: str) -> KVHandoff:
         """The handed-off request's KV and state; frees it here (its prefix stays cached)."""
         req = self._handoff_ready(request_id)
-        target_kv, draft_kv = self.runner.export_kv(req)
-        handoff = KVHandoff(
-            request_id=request_id,
+        handoff = self._handoff_state(req).with_kv(*self.runner.export_kv(req))
+        self._drop_handoff(req)
+        return handoff
+
+    def hold_kv(self, request_id: str, hold_s: float) -> HeldKV:
+        """The handed-off request's state and slots, for a receiver that copies the KV straight
+        out of this engine's pools (docs/design.md §5.7). The request leaves the engine, but
+        its slots stay allocated until `release_held`, or for at most `hold_s` seconds
+        (`release_expired_holds`). Its prompt and first token already sit in them: they were
+        written in the step whose sampled token the host has read."""
+        req = self._handoff_ready(request_id)
+        held = self._handoff_state(req)
+        self._outputs.discard(req)
+        self.requests.pop(request_id)
+        self._held[request_id] = (req, time.monotonic() + hold_s)
+        return held
+
+    def _handoff_state(self, req: Request) -> HeldKV:
+        return HeldKV(
+            request_id=req.request_id,
             prompt_ids=tuple(req.prompt_ids),
             output_ids=tuple(req.output_ids),
             # the prompt logprobs left with the first token: the decode engine owes none
             params=dataclasses.replace(req.params, prompt_logprobs=None),
             rng_key=req.rng_key,
             kv_len=req.kv_len,
-            target_kv=target_kv,
-            draft_kv=draft_kv,
+            slots=self.runner.req_to_token_host_slots(req, 0, req.kv_len).copy(),
             arrival_s=req.arrival_s,
             num_cached_tokens=req.prompt_cache_hit,
         )
-        self._drop_handoff(req)
-        return handoff
+
+    def release_held(self, request_id: str) -> None:
+        """Free the slots of a request given out by `hold_kv` (its receiver has copied them)."""
+        entry = self._held.pop(request_id, None)
+        if entry is not None:
+            self.scheduler.release(entry[0])
+
+    def release_expired_holds(self) -> list[str]:
+        """Free the holds whose time is up (a receiver that never came); their ids."""
+        now = time.monotonic()
+        expired = [rid for rid, (_, deadline) in self._held.items() if deadline <= now]
+        for rid in expired:
+            self.release_held(rid)
+        return expired
+
+    @property
+    def num_held(self) -> int:
+        return len(self._held)
+
+    def kv_pools(self) -> tuple[KVPool, KVPool | None]:
+        """The device KV pools: target, and DSpark's draft pool (same slot ids) or None."""
+        return self.runner.kv_pool, None if self.runner.dspark is None else self.runner.dspark.draft_pool
 
     def release_handoff(self, request_id: str) -> None:
         """Free a prefilled request that will not be exported (its transfer failed)."""

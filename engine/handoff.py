@@ -1,12 +1,15 @@
 """What a prefill engine hands a decode engine for one request (docs/design.md §5): the KV of
 every computed position (target and draft pools, same slot order), the tokens so far and the
-sampling state. Tensors are on the CPU here; a device-to-device transfer can move the same
-fields between GPUs."""
+sampling state. `KVHandoff` carries the KV as tensors (CPU for the object store, or on the
+decode worker's device after a device-to-device copy); `HeldKV` leaves it where it is, in the
+prefill engine's pools at `slots`, which that engine keeps until the receiver has copied
+them (docs/design.md §5.7)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engine.sampling_params import SamplingParams
@@ -31,6 +34,37 @@ class KVHandoff:
         if self.draft_kv is not None:
             n += self.draft_kv.numel() * self.draft_kv.element_size()
         return n
+
+
+@dataclass(frozen=True)
+class HeldKV:
+    """A handed-off request whose KV stays in the prefill engine's pools until released:
+    the fields of `KVHandoff` but the tensors, and the pool slots of positions [0, kv_len)."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]
+    params: SamplingParams
+    rng_key: int
+    kv_len: int
+    slots: np.ndarray  # [kv_len] int64, the same ids in the target and the draft pool
+    arrival_s: float
+    num_cached_tokens: int = 0
+
+    def with_kv(self, target_kv: torch.Tensor, draft_kv: torch.Tensor | None) -> KVHandoff:
+        """The hand-off once the KV has been copied out of the slots."""
+        return KVHandoff(
+            request_id=self.request_id,
+            prompt_ids=self.prompt_ids,
+            output_ids=self.output_ids,
+            params=self.params,
+            rng_key=self.rng_key,
+            kv_len=self.kv_len,
+            target_kv=target_kv,
+            draft_kv=draft_kv,
+            arrival_s=self.arrival_s,
+            num_cached_tokens=self.num_cached_tokens,
+        )
 
 
 @dataclass(frozen=True)

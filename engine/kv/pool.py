@@ -35,6 +35,11 @@ class KVPool:
     def bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of K and V one slot holds across the layers."""
+        return 2 * self.k[0, 0].numel() * self.k.element_size() * self.num_layers
+
     def read(self, slots: torch.Tensor) -> torch.Tensor:
         """[L, 2, n, Hkv, D]: the K/V of `slots` (a copy), for handing a request to another engine."""
         return torch.stack((self.k[:, slots], self.v[:, slots]), dim=1)

@@ -222,7 +222,12 @@ def add_worker_options(parser: argparse.ArgumentParser) -> None:
         default=-1,
         help="restarts of a crashed worker, -1 = always (default: %(default)s)",
     )
-    group.add_argument("--kv-transfer", default="ray", help="KV hand-off transport (default: %(default)s)")
+    group.add_argument(
+        "--kv-transfer",
+        default="ray",
+        choices=("ray", "cuda-ipc", "inprocess"),
+        help="KV hand-off transport: ray (object store, any node) or cuda-ipc (device to device, one node)",
+    )
     group.add_argument(
         "--consumer-lease",
         type=float,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -20,7 +21,8 @@ from engine.handoff import Continuation
 from engine.sampling_params import SamplingParams
 from services.workers.drain import drain_within
 from services.workers.engine_loop import EngineLoop
-from services.workers.transfer import TransferTicket, make_transfer
+from services.workers.transfer import TransferTicket
+from services.workers.transports import make_transfer
 from services.workers.types import Ack, PollResult, Role, StatsSnapshot, WorkerInfo
 
 logger = logging.getLogger(__name__)
@@ -30,6 +32,16 @@ def _exit_soon(exc: BaseException, delay_s: float = 1.0) -> None:
     """Let the gateway poll the error outputs, then exit so that Ray restarts the actor."""
     logger.error("engine failed (%s); exiting in %.1f s so that the worker restarts", exc, delay_s)
     threading.Timer(delay_s, os._exit, args=(70,)).start()
+
+
+@dataclass(frozen=True)
+class ActorReleaseSink:
+    """Tells a prefill actor that a receiver copied a held request's KV (device_transfer.py)."""
+
+    actor: Any  # the producer's ray.actor.ActorHandle
+
+    def release(self, request_id: str) -> None:
+        self.actor.release_kv.remote([request_id])
 
 
 class _EngineWorker:
@@ -51,11 +63,14 @@ class _EngineWorker:
 
             torch.set_num_threads(torch_threads)
         engine = EngineCore(engine_config)
+        transfer = make_transfer(kv_transfer)
+        if transfer.holds_slots and self.ROLE != "decode":  # receivers copy out of this engine's pools
+            transfer.bind(engine.kv_pools(), ActorReleaseSink(ray.get_runtime_context().current_actor))
         self._loop = EngineLoop(
             engine,
             role=self.ROLE,
             replica_id=replica_id,
-            transfer=make_transfer(kv_transfer),
+            transfer=transfer,
             max_num_seqs=engine_config.max_num_seqs,
             speculative=engine_config.speculative is not None,
             consumer_lease_s=consumer_lease_s,
@@ -93,6 +108,10 @@ class _EngineWorker:
 
     async def receive_kv(self, consumer: str, request_id: str, ticket: TransferTicket, timeout_s: float) -> Ack:
         return await self._loop.receive_kv(consumer, request_id, ticket, timeout_s)
+
+    async def release_kv(self, request_ids: list[str]) -> None:
+        """Receivers copied these held requests' KV (device hand-off): free their slots."""
+        self._loop.release_kv(request_ids)
 
     async def abort(self, request_ids: list[str]) -> None:
         self._loop.abort(request_ids)

@@ -5,10 +5,10 @@ one step thread: callers enqueue commands, which the thread runs before its next
 abort therefore reaches the engine before the next step starts ("within one step").
 Outputs go to per-consumer buffers (`Outbox`) that the gateway drains with long polls.
 
-Prefill workers export a request's KV as soon as the engine reports its hand-off, turn it
-into a `TransferTicket` (`KVTransfer.send`) and publish the ticket with the first token.
-Decode workers receive through `receive_kv`, which fetches the KV off the step thread and
-then installs it on the step thread.
+Prefill workers take a request's KV out of the engine as soon as it reports its hand-off
+(exported, or held in place for a device transport: `HandoffSender`) and publish the ticket
+after the first token. Decode workers receive through `receive_kv`, which fetches the KV off
+the step thread and then installs it on the step thread.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from engine.handoff import Continuation, KVHandoff
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from services.workers.handoff_sender import HandoffSender, Taken
 from services.workers.outbox import Outbox
 from services.workers.pending import pending_handoffs
 from services.workers.transfer import KVTransfer, TransferError, TransferTicket
@@ -101,7 +102,7 @@ class EngineLoop:
         self._stats = StatsSnapshot(self.instance_id, engine.stats(), 0, True)
         self._stats_every_s = 0.02
         self._last_stats_s = 0.0
-        self._sender = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"kv-send-{replica_id}")
+        self._sender = HandoffSender(engine, transfer, self.outbox, self._submit, replica_id)
         self._thread = threading.Thread(target=self._run, name=f"engine-loop-{replica_id}", daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -113,7 +114,7 @@ class EngineLoop:
     def shutdown(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
         self._wake.set()
-        self._sender.shutdown(wait=False, cancel_futures=True)
+        self._sender.shutdown()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
 
@@ -172,6 +173,11 @@ class EngineLoop:
                     self._receive_cancelled.add(rid)
         self._submit(lambda: self._do_abort(ids))
 
+    def release_kv(self, request_ids: Sequence[str]) -> None:
+        """Receivers copied these held requests' KV: free their slots (device hand-off)."""
+        ids = list(request_ids)
+        self._submit(lambda: self._sender.release(ids))
+
     async def receive_kv(self, consumer: str, request_id: str, ticket: TransferTicket, timeout_s: float) -> Ack:
         """Fetch a hand-off and install it in the engine; the decode continues on this worker."""
         start = time.perf_counter()
@@ -217,6 +223,7 @@ class EngineLoop:
             while not self._stop.is_set():
                 self._wake.clear()
                 self._drain_commands()
+                self._sender.sweep()
                 now = time.monotonic()
                 if now - last_lease_check > 1.0:
                     last_lease_check = now
@@ -335,50 +342,27 @@ class EngineLoop:
 
     def _publish(self, outputs: list[RequestOutput]) -> None:
         by_consumer: dict[str, list[WorkerEvent]] = defaultdict(list)
-        handoffs: list[tuple[str, RequestOutput, KVHandoff]] = []
+        handoffs: list[tuple[str, RequestOutput, Taken]] = []
         for out in outputs:
             consumer = self._owner.get(out.request_id)
             if consumer is None:
                 continue
             if out.finish_reason == HANDOFF:
                 del self._owner[out.request_id]
-                handoff = self._export(out)
-                if handoff is None:
+                taken = self._sender.take(out)
+                if taken is None:
                     by_consumer[consumer].append(WorkerEvent(failed(out, "KV export failed")))
                     continue
                 # the first token goes out now; the ticket follows once the KV is sent
                 by_consumer[consumer].append(WorkerEvent(not_finished(out)))
-                handoffs.append((consumer, out, handoff))
+                handoffs.append((consumer, out, taken))
             else:
                 by_consumer[consumer].append(WorkerEvent(out))
                 if out.finished:
                     del self._owner[out.request_id]
         self.outbox.put_many(by_consumer)
-        for consumer, out, handoff in handoffs:  # after the tokens: a consumer sees them first
-            self._sender.submit(self._send, consumer, out, handoff)
-
-    def _export(self, out: RequestOutput) -> KVHandoff | None:
-        """The request's KV, freed here; None (and the slots released) if that fails."""
-        try:
-            return self.engine.export_kv(out.request_id)
-        except Exception:
-            logger.exception("request %s: export_kv failed", out.request_id)
-            try:
-                self.engine.release_handoff(out.request_id)
-            except Exception:
-                logger.exception("request %s: release_handoff failed", out.request_id)
-            return None
-
-    def _send(self, consumer: str, out: RequestOutput, handoff: KVHandoff) -> None:
-        """Sender thread: make the KV reachable (e.g. ray.put of tens of MB) off the step
-        thread, then publish the ticket."""
-        marker = dataclasses.replace(out, new_token_ids=(), new_text="", new_logprobs=(), prompt_logprobs=None)
-        try:
-            event = WorkerEvent(marker, self.transfer.send(out.request_id, handoff))
-        except Exception as exc:  # export already freed the slots here
-            logger.exception("request %s: KV send failed", out.request_id)
-            event = WorkerEvent(failed(marker, f"KV transfer failed: {exc}"))
-        self.outbox.put_many({consumer: [event]})
+        for consumer, out, taken in handoffs:  # after the tokens: a consumer sees them first
+            self._sender.submit(consumer, out, taken)
 
     def _do_evict(self) -> None:
         if self._owner:

@@ -6,8 +6,9 @@ travels through the gateway to the decode worker, which turns it back into the h
 request's slots and fail it, so a lost transfer never hangs a request.
 
 Implementations: `RayObjectStoreTransfer` (CPU tensors through the Ray object store; works
-across nodes) and `InProcessTransfer` (both workers in one process). A device-to-device
-implementation (NCCL/RCCL send/recv or CUDA IPC) plugs in behind the same interface.
+across nodes), `InProcessTransfer` (both workers in one process), and `CudaIpcTransfer`
+(device_transfer.py: device to device between processes on one node; the prefill engine holds
+the request's slots and the decode worker copies them out, `holds_slots`).
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from __future__ import annotations
 import abc
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from engine.handoff import KVHandoff
+from engine.handoff import HeldKV, KVHandoff
+from engine.kv.pool import KVPool
 
 
 class TransferError(RuntimeError):
@@ -35,8 +36,16 @@ class TransferTicket:
     created_s: float  # time.time() on the prefill worker
 
 
+class ReleaseSink(Protocol):
+    """Where a receiver says it has copied a held request's KV (picklable: it rides in tickets)."""
+
+    def release(self, request_id: str) -> None: ...
+
+
 class KVTransfer(abc.ABC):
     name: str = "abstract"
+    holds_slots: bool = False  # True: the producer holds slots (send_held), not exported tensors
+    hold_s: float = 0.0  # how long a producer holds them at most
 
     @abc.abstractmethod
     def send(self, request_id: str, handoff: KVHandoff) -> TransferTicket:
@@ -45,6 +54,14 @@ class KVTransfer(abc.ABC):
     @abc.abstractmethod
     async def receive(self, ticket: TransferTicket, timeout_s: float) -> KVHandoff:
         """Decode side: fetch the hand-off; raises TransferError on failure or timeout."""
+
+    def bind(self, pools: tuple[KVPool, KVPool | None], release: ReleaseSink) -> None:  # noqa: B027
+        """Producer side of a transport that `holds_slots`: share the pools (target, draft)
+        with receivers once; they report copies done to `release`."""
+
+    def send_held(self, request_id: str, held: HeldKV, nbytes: int) -> TransferTicket:
+        """Prefill side, for a transport that `holds_slots`: the ticket of slots held in place."""
+        raise TransferError(f"{self.name} sends exported tensors, not held slots")
 
     def discard(self, ticket: TransferTicket) -> None:  # noqa: B027 (optional hook)
         """Drop a ticket that will never be received (its request failed or was aborted)."""
@@ -85,20 +102,3 @@ class InProcessTransfer(KVTransfer):
 
     async def receive(self, ticket: TransferTicket, timeout_s: float) -> KVHandoff:
         return ticket.payload
-
-
-_TRANSFERS: dict[str, Callable[[], KVTransfer]] = {
-    RayObjectStoreTransfer.name: RayObjectStoreTransfer,
-    InProcessTransfer.name: InProcessTransfer,
-}
-
-
-def register_transfer(name: str, factory: Callable[[], KVTransfer]) -> None:
-    _TRANSFERS[name] = factory
-
-
-def make_transfer(name: str) -> KVTransfer:
-    try:
-        return _TRANSFERS[name]()
-    except KeyError:
-        raise ValueError(f"kv_transfer: unknown transfer {name!r}; known: {sorted(_TRANSFERS)}") from None

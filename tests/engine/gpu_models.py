@@ -41,12 +41,28 @@ def gpu_engine(
     dtype: torch.dtype = torch.bfloat16,
     **options: object,
 ) -> EngineCore:
+    model_dir, drafter_dir = gpu_model_dirs(tmp, speculative, drafter_layers)
+    return gpu_engine_from(model_dir, drafter_dir, max_batch_size, dtype, **options)
+
+
+def gpu_model_dirs(tmp: Path, speculative: bool, drafter_layers: int = 1) -> tuple[Path, Path | None]:
+    """The random model (and drafter) saved under `tmp`, for engines in several processes."""
     model_dir = random_llama_dir(tmp / "model")
+    if not speculative:
+        return model_dir, None
+    loaded = load_model(str(model_dir), dtype=torch.float32, device="cpu", progress=False)
+    return model_dir, random_drafter_dir(tmp / "drafter", loaded, num_layers=drafter_layers)
+
+
+def gpu_engine_from(
+    model_dir: Path,
+    drafter_dir: Path | None,
+    max_batch_size: int | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    **options: object,
+) -> EngineCore:
     loaded = load_model(str(model_dir), dtype=dtype, device="cuda", progress=False)
-    spec = None
-    if speculative:
-        drafter = random_drafter_dir(tmp / "drafter", loaded, num_layers=drafter_layers)
-        spec = SpeculativeConfig(drafter=str(drafter), max_batch_size=max_batch_size)
+    spec = None if drafter_dir is None else SpeculativeConfig(drafter=str(drafter_dir), max_batch_size=max_batch_size)
     options.setdefault("kv_cache_memory_bytes", 1 << 30)
     config = EngineConfig(
         model=str(model_dir),
