@@ -27,15 +27,15 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "vector.h" /* LANES, vfloat, PANEL, ROW_BLOCK and panel_sums_f32, shared with gemv.c */
 
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)) || defined(__F16C__)
+#if defined(__F16C__) && !defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
 #define BLOCK 32   /* weights per block, both formats */
-#define NR 4       /* weight rows per micro-kernel */
+#define NR 4       /* weight rows per few-rows kernel */
 #define PREFETCH_BLOCKS 64 /* blocks ahead that the few-rows kernel prefetches in each weight row's stream */
-#define PANEL_BYTES (128 * 1024) /* dequantised panel per thread: fits L2, leaves room for x */
 
 enum format { Q8_0 = 0, Q4_1 = 1 };
 static const int64_t BLOCK_BYTES[] = {34, 20};
@@ -64,19 +64,18 @@ static inline uint16_t read_u16(const uint8_t *p) {
     return value;
 }
 
-/* ---- the vector type of the micro-kernel ---- */
+/* ---- per ISA: the few-rows kernel's row count, a vector's lane sum, a block dequantised into
+   vectors, and the low 16 bits of each 32-bit lane read as fp16 ---- */
+
+typedef int32_t vint __attribute__((vector_size(sizeof(vfloat)))); /* LANES 32-bit lanes */
+typedef uint32_t vuint __attribute__((vector_size(sizeof(vfloat))));
 
 #if defined(__AVX512F__)
-typedef __m512 vec;
-#define VL 16
 #define MR 4 /* 16 accumulators + 4 weight vectors of 32 registers */
-#define vzero() _mm512_setzero_ps()
-#define vload(p) _mm512_loadu_ps(p)
-#define vstore(p, v) _mm512_storeu_ps(p, v)
-#define vfma(a, b, c) _mm512_fmadd_ps(a, b, c)
-static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+static inline float vsum(vfloat v) { return _mm512_reduce_add_ps(v); }
+static inline vfloat vhalf_to_float(vint words) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16((__m512i)words)); }
 /* The 32 weights of the block at src, dequantised into two vectors. */
-ALWAYS_INLINE void dequant_block(const enum format format, const uint8_t *src, vec w[BLOCK / VL]) {
+ALWAYS_INLINE void dequant_block(const enum format format, const uint8_t *src, vfloat w[BLOCK / LANES]) {
     if (format == Q8_0) {
         const __m512 scale = _mm512_set1_ps(fp16_to_float(read_u16(src)));
         for (int half = 0; half < 2; half++) {
@@ -98,19 +97,17 @@ ALWAYS_INLINE void dequant_block(const enum format format, const uint8_t *src, v
     }
 }
 #elif defined(__AVX2__) && defined(__FMA__)
-typedef __m256 vec;
-#define VL 8
 #define MR 2 /* 8 accumulators + 4 weight vectors of 16 registers */
-#define vzero() _mm256_setzero_ps()
-#define vload(p) _mm256_loadu_ps(p)
-#define vstore(p, v) _mm256_storeu_ps(p, v)
-#define vfma(a, b, c) _mm256_fmadd_ps(a, b, c)
-static inline float vsum(vec v) {
+static inline vfloat vhalf_to_float(vint words) { /* the 8 low halves packed (F16C is in x86-64-v3) */
+    const __m256i low = _mm256_and_si256((__m256i)words, _mm256_set1_epi32(0xffff));
+    return _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(low), _mm256_extracti128_si256(low, 1)));
+}
+static inline float vsum(vfloat v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
-ALWAYS_INLINE void dequant_block(const enum format format, const uint8_t *src, vec w[BLOCK / VL]) {
+ALWAYS_INLINE void dequant_block(const enum format format, const uint8_t *src, vfloat w[BLOCK / LANES]) {
     const __m256 scale = _mm256_set1_ps(fp16_to_float(read_u16(src)));
     if (format == Q8_0) {
         for (int quarter = 0; quarter < 4; quarter++) {
@@ -130,23 +127,18 @@ ALWAYS_INLINE void dequant_block(const enum format format, const uint8_t *src, v
     }
 }
 #else
-typedef float vec __attribute__((vector_size(16))); /* NEON's width; GCC splits or joins it elsewhere */
-#define VL 4
 #define MR 2
-static inline vec vzero(void) { return (vec){0}; }
-static inline vec vload(const float *p) {
-    vec v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-static inline void vstore(float *p, vec v) { memcpy(p, &v, sizeof v); }
-#define vfma(a, b, c) ((a) * (b) + (c))
-static inline float vsum(vec v) {
+static inline float vsum(vfloat v) {
     float s = 0.0f;
-    for (int i = 0; i < VL; i++) s += v[i];
+    for (int i = 0; i < LANES; i++) s += v[i];
     return s;
 }
-ALWAYS_INLINE void dequant_block(const enum format format, const uint8_t *src, vec w[BLOCK / VL]) {
+static inline vfloat vhalf_to_float(vint words) {
+    vfloat v;
+    for (int i = 0; i < LANES; i++) v[i] = fp16_to_float((uint16_t)words[i]);
+    return v;
+}
+ALWAYS_INLINE void dequant_block(const enum format format, const uint8_t *src, vfloat w[BLOCK / LANES]) {
     const float d = fp16_to_float(read_u16(src));
     float values[BLOCK];
     if (format == Q8_0) {
@@ -162,14 +154,14 @@ ALWAYS_INLINE void dequant_block(const enum format format, const uint8_t *src, v
 }
 #endif
 
-#define VPB (BLOCK / VL) /* vectors per block */
+#define VPB (BLOCK / LANES) /* vectors per block */
 
 /* Row of k weights (k / 32 blocks at src) -> dst, dequantised. */
 ALWAYS_INLINE void dequant_row_of(const enum format format, const uint8_t *src, float *dst, int64_t k) {
     for (int64_t b = 0; b < k / BLOCK; b++) {
-        vec w[VPB];
+        vfloat w[VPB];
         dequant_block(format, src + b * BLOCK_BYTES[format], w);
-        for (int v = 0; v < VPB; v++) vstore(dst + b * BLOCK + v * VL, w[v]);
+        for (int v = 0; v < VPB; v++) vstore(dst + b * BLOCK + v * LANES, w[v]);
     }
 }
 
@@ -180,70 +172,124 @@ static void dequant_row(enum format format, const uint8_t *src, float *dst, int6
         dequant_row_of(Q4_1, src, dst, k);
 }
 
-/* out[i][r] (+ bias[r]) = x[i] . w[r] for rows < rows_m (<= MR) of x and NR rows of w (K
-   floats each, row stride k). `rows_m` is a literal at each call, so each count gets its own
-   unrolled code; weight rows past `rows_n` are skipped on store. */
-static inline __attribute__((always_inline)) void micro_kernel(const float *x, int64_t ldx, const float *w,
-                                                               int64_t k, const float *bias, float *out,
-                                                               int64_t ldo, const int rows_m, int rows_n) {
-    vec acc[MR][NR];
-    for (int i = 0; i < MR; i++)
-        for (int r = 0; r < NR; r++) acc[i][r] = vzero();
-    for (int64_t c = 0; c < k; c += VL) {
-        vec wv[NR];
-        for (int r = 0; r < NR; r++) wv[r] = vload(w + r * k + c);
-        for (int i = 0; i < rows_m; i++) {
-            const vec xv = vload(x + i * ldx + c);
-            for (int r = 0; r < NR; r++) acc[i][r] = vfma(xv, wv[r], acc[i][r]);
-        }
+/* The 32-bit word at rows[l] + offset in lane l. */
+static inline vint gather_word(const uint8_t *const rows[LANES], int64_t offset) {
+    vint words;
+    for (int l = 0; l < LANES; l++) {
+        int32_t word;
+        memcpy(&word, rows[l] + offset, sizeof word);
+        words[l] = word;
     }
-    for (int i = 0; i < rows_m; i++)
-        for (int r = 0; r < rows_n; r++) out[i * ldo + r] = vsum(acc[i][r]) + (bias ? bias[r] : 0.0f);
+    return words;
 }
 
-/* Rows [n0, n0 + rows) of the output, all m input rows, from their dequantised weights `w`. */
-static void panel_product(const float *x, int64_t ldx, const float *w, const float *bias, float *out, int64_t ldo,
-                          int64_t m, int64_t n0, int64_t rows, int64_t k) {
-    for (int64_t i = 0; i < m; i += MR) {
-        const int64_t rows_m = m - i < MR ? m - i : MR;
-        for (int64_t r = 0; r < rows; r += NR) {
-            const int rows_n = (int)(rows - r < NR ? rows - r : NR);
-            const float *xi = x + i * ldx, *wr = w + r * k, *br = bias ? bias + n0 + r : NULL;
-            float *o = out + i * ldo + n0 + r;
-            switch (rows_m) { /* literal row counts: unrolled accumulators */
-            case MR: micro_kernel(xi, ldx, wr, k, br, o, ldo, MR, rows_n); break;
-#if MR > 2
-            case 3: micro_kernel(xi, ldx, wr, k, br, o, ldo, 3, rows_n); break;
-            case 2: micro_kernel(xi, ldx, wr, k, br, o, ldo, 2, rows_n); break;
+/* words[c] lane l = the 32-bit word at rows[l] + offset + 4 c, for c < 4. The x86 paths load
+   16 bytes of each row (4 rows a vector, one per 128-bit lane) and transpose the 4 x 4 words of
+   each lane in registers, several times cheaper than a gather per word. */
+static inline void gather_words4(const uint8_t *const rows[LANES], int64_t offset, vint words[4]) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+#define ROW_BYTES16(l) _mm_loadu_si128((const __m128i *)(rows[l] + offset))
+#if defined(__AVX512F__)
+#define vint_of(i) _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(ROW_BYTES16(i)), \
+                                      ROW_BYTES16(4 + (i)), 1), ROW_BYTES16(8 + (i)), 2), ROW_BYTES16(12 + (i)), 3)
+#define unpack(kind, a, b) _mm512_unpack##kind(a, b)
+    __m512i a[4] = {vint_of(0), vint_of(1), vint_of(2), vint_of(3)};
+#else
+#define vint_of(i) _mm256_inserti128_si256(_mm256_castsi128_si256(ROW_BYTES16(i)), ROW_BYTES16(4 + (i)), 1)
+#define unpack(kind, a, b) _mm256_unpack##kind(a, b)
+    __m256i a[4] = {vint_of(0), vint_of(1), vint_of(2), vint_of(3)};
 #endif
-            default: micro_kernel(xi, ldx, wr, k, br, o, ldo, 1, rows_n); break;
+    /* a[i], 128-bit lane L: the 4 words of row 4 L + i */
+    const __typeof__(a[0]) pairs[4] = {unpack(lo_epi32, a[0], a[1]), unpack(hi_epi32, a[0], a[1]),
+                                       unpack(lo_epi32, a[2], a[3]), unpack(hi_epi32, a[2], a[3])};
+    words[0] = (vint)unpack(lo_epi64, pairs[0], pairs[2]);
+    words[1] = (vint)unpack(hi_epi64, pairs[0], pairs[2]);
+    words[2] = (vint)unpack(lo_epi64, pairs[1], pairs[3]);
+    words[3] = (vint)unpack(hi_epi64, pairs[1], pairs[3]);
+#undef ROW_BYTES16
+#undef vint_of
+#undef unpack
+#else
+    for (int c = 0; c < 4; c++) words[c] = gather_word(rows, offset + 4 * c);
+#endif
+}
+
+/* Weight rows [0, features) (row stride row_bytes, features <= PANEL) dequantised into
+   panel [k][PANEL], gemv.c's fp32 layout (feature c at column c), LANES features per vector:
+   each block's quants are read a 32-bit word per feature (4 Q8_0 quants, 4 Q4_1 bytes of
+   nibbles) into the lanes of one vector, and weight j is masked in place rather than shifted
+   down: the lane holds q 2^s (s = 24 for Q8_0's quant moved to the top byte, so its sign is
+   the word's; 8 t or 8 t + 4 for Q4_1's nibble of byte t, 4 taken off the high nibbles first),
+   which converts exactly, and is multiplied by d 2^-s (exact: a power of two, d >= 2^-24 stays
+   normal), so each value is d q (+ m) rounded as dequant_block rounds it. Columns past
+   `features` repeat the last row and are never stored. */
+ALWAYS_INLINE void dequant_panel(const enum format format, const uint8_t *weight, int64_t row_bytes, int features,
+                                 int64_t k, float *panel) {
+    const uint8_t *rows[PANEL];
+    for (int c = 0; c < PANEL; c++) rows[c] = weight + (c < features ? c : features - 1) * row_bytes;
+    for (int64_t b = 0; b < k / BLOCK; b++) {
+        const int64_t block = b * BLOCK_BYTES[format];
+        float *out = panel + b * BLOCK * PANEL;
+        for (int g = 0; g < PANEL; g += LANES) {
+            const uint8_t *const *lanes = rows + g;
+            const vint head = gather_word(lanes, block); /* fp16 d, then Q4_1's m or Q8_0's first 2 quants */
+            const vfloat scale = vhalf_to_float(head);
+            if (format == Q8_0) {
+                const vfloat scale_top = scale * vset1(0x1p-24f);
+                for (int quarter = 0; quarter < 2; quarter++) {
+                    vint quants[4]; /* quants 16 quarter + 4 word .. + 3 */
+                    gather_words4(lanes, block + 2 + 16 * quarter, quants);
+                    for (int word = 0; word < 4; word++)
+                        for (int byte = 0; byte < 4; byte++) {
+                            const vint top = (quants[word] << (24 - 8 * byte)) & (int32_t)0xff000000u;
+                            vstore(out + (16 * quarter + 4 * word + byte) * PANEL + g,
+                                   __builtin_convertvector(top, vfloat) * scale_top);
+                        }
+                }
+            } else {
+                const vfloat minimum = vhalf_to_float((vint)((vuint)head >> 16));
+                vfloat scales[4];
+                for (int byte = 0; byte < 4; byte++) scales[byte] = scale * vset1(1.0f / (float)(1u << (8 * byte)));
+                vint nibbles[4]; /* weights 4 word + byte (low nibbles) and + 16 (high) */
+                gather_words4(lanes, block + 4, nibbles);
+                for (int word = 0; word < 4; word++) {
+                    const vint high = (vint)((vuint)nibbles[word] >> 4);
+                    for (int byte = 0; byte < 4; byte++) {
+                        const int32_t mask = 0x0f << (8 * byte);
+                        float *low_out = out + (4 * word + byte) * PANEL + g;
+                        vstore(low_out, vfma(__builtin_convertvector(nibbles[word] & mask, vfloat), scales[byte], minimum));
+                        vstore(low_out + BLOCK / 2 * PANEL,
+                               vfma(__builtin_convertvector(high & mask, vfloat), scales[byte], minimum));
+                    }
+                }
             }
         }
     }
 }
 
-/* micro_kernel's sums for rows < rows_m (<= MR, a literal) of x and NR weight rows held as
-   blocks (row stride row_bytes), each block dequantised into registers where it is used:
-   the same products, summed in the same order (k ascending, lane by lane), so the same bits,
-   without a buffer. Rows past rows_n read the last row again and are not stored. */
+/* out[i][r] (+ bias[r]) = x[i] . w[r] for rows < rows_m (<= MR, a literal, so each count gets
+   its own unrolled code) of x and NR weight rows held as blocks (row stride row_bytes), each
+   block dequantised into registers where it is used: MR x NR vector accumulators over k, each
+   summed across its lanes at the end. Rows past rows_n read the last row again and are not
+   stored. */
 ALWAYS_INLINE void block_kernel(const enum format format, const float *x, int64_t ldx, const uint8_t *w,
                                 int64_t row_bytes, int64_t k, const float *bias, float *out, int64_t ldo,
                                 const int rows_m, int rows_n) {
-    vec acc[MR][NR];
+    vfloat acc[MR][NR];
     for (int i = 0; i < MR; i++)
         for (int r = 0; r < NR; r++) acc[i][r] = vzero();
     const uint8_t *rows[NR];
     for (int r = 0; r < NR; r++) rows[r] = w + (r < rows_n ? r : rows_n - 1) * row_bytes;
     for (int64_t b = 0; b < k / BLOCK; b++)
         for (int r = 0; r < NR; r++) {
-            vec wv[VPB];
+            vfloat wv[VPB];
             /* NR interleaved streams defeat the hardware prefetcher: each asks ahead, into the
                next rows where a row is shorter (a prefetch past the weight's end is harmless) */
             __builtin_prefetch(rows[r] + (b + PREFETCH_BLOCKS) * BLOCK_BYTES[format]);
             dequant_block(format, rows[r] + b * BLOCK_BYTES[format], wv);
             for (int i = 0; i < rows_m; i++)
                 for (int v = 0; v < VPB; v++)
-                    acc[i][r] = vfma(vload(x + i * ldx + b * BLOCK + v * VL), wv[v], acc[i][r]);
+                    acc[i][r] = vfma(vload(x + i * ldx + b * BLOCK + v * LANES), wv[v], acc[i][r]);
         }
     for (int i = 0; i < rows_m; i++)
         for (int r = 0; r < rows_n; r++) out[i * ldo + r] = vsum(acc[i][r]) + (bias ? bias[r] : 0.0f);
@@ -275,6 +321,47 @@ ALWAYS_INLINE void linear_few_rows(const enum format format, const float *x, int
     }
 }
 
+/* The many-rows product (m > MR: prefill, batched decode), threads taking panels of PANEL
+   output features: each panel is dequantised once into the thread's buffer (from cache
+   thereafter) and multiplied into every input row, ROW_BLOCK rows at a time, by vector.h's
+   panel product, bias added as gemv.c adds it: gemv.c's fp32 result on the dequantised
+   weight, bit for bit. */
+ALWAYS_INLINE void linear_many_rows(const enum format format, const float *x, int64_t ldx, const uint8_t *weight,
+                                    const float *bias, float *out, int64_t ldo, int64_t m, int64_t n, int64_t k,
+                                    float *buffers, int threads) {
+    const int64_t row_bytes = k / BLOCK * BLOCK_BYTES[format], panels = (n + PANEL - 1) / PANEL;
+#pragma omp parallel num_threads(threads)
+    {
+        float *panel = buffers + (int64_t)omp_get_thread_num() * k * PANEL;
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < panels; p++) {
+            const int64_t n0 = p * PANEL, columns = n - n0 < PANEL ? n - n0 : PANEL;
+            dequant_panel(format, weight + n0 * row_bytes, row_bytes, (int)columns, k, panel);
+            for (int64_t row0 = 0; row0 < m; row0 += ROW_BLOCK) {
+                float sums[ROW_BLOCK * PANEL] __attribute__((aligned(64)));
+                const int64_t rows = m - row0 < ROW_BLOCK ? m - row0 : ROW_BLOCK;
+                switch (rows) { /* each row count its own unrolled copy */
+#define BLOCK_OF(R) \
+    case R: panel_sums_f32(x, ldx, panel, k, row0, R, sums); break;
+                    BLOCK_OF(1)
+                    BLOCK_OF(2)
+#if ROW_BLOCK > 2
+                    BLOCK_OF(3)
+                    BLOCK_OF(4)
+                    BLOCK_OF(5)
+                    BLOCK_OF(6)
+#endif
+#undef BLOCK_OF
+                    default: break;
+                }
+                for (int64_t r = 0; r < rows; r++)
+                    for (int64_t c = 0; c < columns; c++)
+                        out[(row0 + r) * ldo + n0 + c] = sums[r * PANEL + c] + (bias ? bias[n0 + c] : 0.0f);
+            }
+        }
+    }
+}
+
 static int linear_quant(enum format format, const float *x, int64_t ldx, const void *qweight, const float *bias,
                         float *out, int64_t ldo, int64_t m, int64_t n, int64_t k, int threads) {
     if (k % BLOCK) return -2;
@@ -287,26 +374,16 @@ static int linear_quant(enum format format, const float *x, int64_t ldx, const v
             linear_few_rows(Q4_1, x, ldx, qweight, bias, out, ldo, m, n, k, threads);
         return 0;
     }
-    /* Many rows: the largest panel of weight rows that fits PANEL_BYTES, dequantised into a
-       per-thread buffer once per call and multiplied from cache. */
-    int64_t panel = PANEL_BYTES / ((int64_t)sizeof(float) * k) / NR * NR;
-    panel = panel < NR ? NR : panel;
-    const int64_t panels = (n + panel - 1) / panel, row_bytes = k / BLOCK * BLOCK_BYTES[format];
+    /* Many rows: each thread dequantises a panel at a time into its buffer, [k][PANEL] floats
+       (k % 32 == 0: a multiple of 64 bytes) */
+    const int64_t panels = (n + PANEL - 1) / PANEL;
     if (threads > panels) threads = (int)panels;
-    float *buffers = aligned_alloc(64, (size_t)(threads * panel * k) * sizeof(float)); /* k % 32 == 0: a multiple of 64 bytes */
+    float *buffers = aligned_alloc(64, (size_t)(threads * k * PANEL) * sizeof(float));
     if (!buffers) return -1;
-    const uint8_t *weight = qweight;
-#pragma omp parallel num_threads(threads)
-    {
-        float *w = buffers + (int64_t)omp_get_thread_num() * panel * k;
-#pragma omp for schedule(static)
-        for (int64_t p = 0; p < panels; p++) {
-            const int64_t n0 = p * panel, rows = n - n0 < panel ? n - n0 : panel;
-            for (int64_t r = 0; r < rows; r++) dequant_row(format, weight + (n0 + r) * row_bytes, w + r * k, k);
-            if (rows % NR) memset(w + rows * k, 0, (size_t)((NR - rows % NR) * k) * sizeof(float));
-            panel_product(x, ldx, w, bias, out, ldo, m, n0, rows, k);
-        }
-    }
+    if (format == Q8_0)
+        linear_many_rows(Q8_0, x, ldx, qweight, bias, out, ldo, m, n, k, buffers, threads);
+    else
+        linear_many_rows(Q4_1, x, ldx, qweight, bias, out, ldo, m, n, k, buffers, threads);
     free(buffers);
     return 0;
 }
