@@ -108,15 +108,34 @@ ALWAYS_INLINE void linear_few_rows(const enum format format, const float *x, int
    thereafter) and multiplied into every input row, ROW_BLOCK rows at a time, by vector.h's
    panel product, bias added as gemv.c adds it: gemv.c's fp32 result on the dequantised
    weight, bit for bit. */
-ALWAYS_INLINE void linear_many_rows(const enum format format, const float *x, int64_t ldx, const uint8_t *weight,
-                                    const float *bias, float *out, int64_t ldo, int64_t m, int64_t n, int64_t k,
-                                    float *buffers, int threads) {
+/* This thread's buffer of at least `floats` floats (64-byte aligned), NULL out of memory. It is
+   kept for the thread's next call: an allocation per call, past glibc's mmap threshold for
+   most K, cost a fresh mapping and its page faults every call (a fifth of a 576 x 1536
+   product of 16 rows). The OpenMP pool's threads live as long as the process. */
+static float *thread_buffer(int64_t floats) {
+    static _Thread_local float *buffer = NULL;
+    static _Thread_local int64_t capacity = 0;
+    if (floats > capacity) {
+        free(buffer);
+        capacity = (floats + 15) / 16 * 16;
+        buffer = aligned_alloc(64, (size_t)capacity * sizeof(float));
+        if (!buffer) capacity = 0;
+    }
+    return buffer;
+}
+
+ALWAYS_INLINE int linear_many_rows(const enum format format, const float *x, int64_t ldx, const uint8_t *weight,
+                                   const float *bias, float *out, int64_t ldo, int64_t m, int64_t n, int64_t k,
+                                   int threads) {
     const int64_t row_bytes = k / BLOCK * BLOCK_BYTES[format], panels = (n + PANEL - 1) / PANEL;
-#pragma omp parallel num_threads(threads)
+    int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
     {
-        float *panel = buffers + (int64_t)omp_get_thread_num() * k * PANEL;
+        float *panel = thread_buffer(k * PANEL); /* [k][PANEL] */
+        failed = panel == NULL;
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < panels; p++) {
+            if (!panel) continue;
             const int64_t n0 = p * PANEL, columns = n - n0 < PANEL ? n - n0 : PANEL;
             dequant_panel(format, weight + n0 * row_bytes, row_bytes, (int)columns, k, panel);
             for (int64_t row0 = 0; row0 < m; row0 += ROW_BLOCK) {
@@ -142,6 +161,7 @@ ALWAYS_INLINE void linear_many_rows(const enum format format, const float *x, in
             }
         }
     }
+    return failed ? -1 : 0;
 }
 
 static int linear_quant(enum format format, const float *x, int64_t ldx, const void *qweight, const float *bias,
@@ -156,18 +176,10 @@ static int linear_quant(enum format format, const float *x, int64_t ldx, const v
             linear_few_rows(Q4_1, x, ldx, qweight, bias, out, ldo, m, n, k, threads);
         return 0;
     }
-    /* Many rows: each thread dequantises a panel at a time into its buffer, [k][PANEL] floats
-       (k % 32 == 0: a multiple of 64 bytes) */
     const int64_t panels = (n + PANEL - 1) / PANEL;
     if (threads > panels) threads = (int)panels;
-    float *buffers = aligned_alloc(64, (size_t)(threads * k * PANEL) * sizeof(float));
-    if (!buffers) return -1;
-    if (format == Q8_0)
-        linear_many_rows(Q8_0, x, ldx, qweight, bias, out, ldo, m, n, k, buffers, threads);
-    else
-        linear_many_rows(Q4_1, x, ldx, qweight, bias, out, ldo, m, n, k, buffers, threads);
-    free(buffers);
-    return 0;
+    if (format == Q8_0) return linear_many_rows(Q8_0, x, ldx, qweight, bias, out, ldo, m, n, k, threads);
+    return linear_many_rows(Q4_1, x, ldx, qweight, bias, out, ldo, m, n, k, threads);
 }
 
 /* Rows ids[0..count) of the dequantised [*, k] weight -> out[count, k] (row stride ldo): the
