@@ -10,15 +10,26 @@ past it in Q4_1 on the 2-core VM's 32 MB), so the weights stream from memory as 
 step: one row through every weight in turn, best of --rounds. The copy reads and writes a
 buffer of the layers' bytes (torch's copy_); its GB/s count the bytes read, so the share
 compares read streams. Each level runs in a child process with DSPARK_CPU_ISA set (isa.py),
-with torch's thread count; on a shared machine run it when quiet."""
+with torch's thread count; on a shared machine run it when quiet.
+
+    python benchmarks/cpu_gemv.py --rows 1,4,16,64,256 [--baseline REV] [--rounds 3]
+
+instead times each linear shape of the model at those row counts (prefill and batched decode),
+at this process's DSPARK_CPU_ISA: fp32 on gemv.c's packing against quant_gemm.c's Q4_1 and Q8_0
+on random blocks, and with --baseline, quant_gemm.c as git revision REV had it (built from
+that revision's kernel sources, by build.py's command). Each shape streams 30 weights, as the
+layers do (the LM head one), ms per call; every system runs once per round, interleaved in an
+order rotated each round, after a warm-up round, and each figure is the best of --rounds rounds."""
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -99,14 +110,108 @@ def level_row(dtype: str, rounds: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
+_LINEAR_ARGS = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]  # fmt: skip
+
+
+def baseline_library(revision: str, directory: Path) -> ctypes.CDLL:
+    """quant_gemm.c of git `revision`, with the headers it had, built into `directory` by
+    build.py's command for this process's ISA target."""
+    from engine.kernels.cpu import build, isa
+
+    folder = "engine/kernels/cpu"
+    listing = ["git", "ls-tree", "--name-only", f"{revision}:{folder}"]
+    for name in subprocess.run(listing, cwd=ROOT, capture_output=True, text=True, check=True).stdout.split():
+        if name.endswith((".c", ".h")):
+            show = ["git", "show", f"{revision}:{folder}/{name}"]
+            (directory / name).write_bytes(subprocess.run(show, cwd=ROOT, capture_output=True, check=True).stdout)
+    compiler = build._compiler()
+    assert compiler is not None, "no C compiler"
+    output = directory / "quant_gemm_baseline.so"
+    here, source = str(build.SOURCE_DIR), str(build.SOURCE_DIR / "quant_gemm.c")
+    moved = {here: str(directory), source: str(directory / "quant_gemm.c")}
+    command = build.compile_command("quant_gemm", compiler, isa.target(), output)
+    subprocess.run([moved.get(part, part) for part in command], check=True)
+    return ctypes.CDLL(str(output))
+
+
+def quantized_linear(function: Any) -> Any:
+    """quant_gemm.c's linear_<fmt> (this tree's or a baseline's) on x [M, K] and blocks [N, *]."""
+    function.argtypes, function.restype = _LINEAR_ARGS, ctypes.c_int
+
+    def linear(x: torch.Tensor, w: torch.Tensor) -> None:
+        m, k, n = x.shape[0], x.shape[1], w.shape[0]
+        out = torch.empty(m, n)
+        status = function(x.data_ptr(), k, w.data_ptr(), None, out.data_ptr(), n, m, n, k, torch.get_num_threads())
+        assert status == 0
+
+    return linear
+
+
+def rows_table(row_counts: list[int], rounds: int, baseline: str | None) -> list[dict[str, Any]]:
+    """ms per call of each layer shape and the LM head at each row count (module docstring)."""
+    from engine.kernels.cpu import build, gemv
+
+    libraries = {"": build.load("quant_gemm")}
+    with tempfile.TemporaryDirectory() as scratch:
+        if baseline:
+            libraries[" before"] = baseline_library(baseline, Path(scratch))
+        rows = []
+        for n, k in [*LAYER_SHAPES, (VOCAB, HIDDEN)]:
+            copies = 1 if n == VOCAB else LAYERS
+            systems = {"fp32": (gemv.linear, [gemv.pack(torch.randn(n, k) * 0.02) for _ in range(copies)])}
+            for fmt in ("Q4_1", "Q8_0"):
+                for suffix, library in libraries.items():  # each its own copies: none finds another's in cache
+                    blocks = [random_blocks(fmt, n, k) for _ in range(copies)]
+                    systems[fmt + suffix] = (quantized_linear(getattr(library, f"linear_{fmt.lower()}")), blocks)
+            for m in row_counts:
+                x = torch.randn(m, k)
+                best = dict.fromkeys(systems, float("inf"))
+                order = list(systems)
+                for round_index in range(rounds + 1):  # the first round warms up; each round rotates the order
+                    for name in order[round_index % len(order) :] + order[: round_index % len(order)]:
+                        linear, weights = systems[name]
+                        start = time.perf_counter()
+                        for w in weights:
+                            linear(x, w)
+                        best[name] = min(best[name], (time.perf_counter() - start) / copies * 1e3)
+                row: dict[str, Any] = {"shape": f"{n}x{k}", "rows": m, **{f"{s} ms": t for s, t in best.items()}}
+                for fmt in ("Q4_1", "Q8_0"):
+                    row[f"fp32 / {fmt}"] = best["fp32"] / best[fmt]
+                    if baseline:
+                        row[f"fp32 / {fmt} before"] = best["fp32"] / best[f"{fmt} before"]
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    columns = list(rows[0])
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(f"{row[c]:.3f}" if isinstance(row[c], float) else str(row[c]) for c in columns) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--rows", help="comma-separated row counts: the per-shape table instead")
+    parser.add_argument("--baseline", help="git revision whose quant_gemm.c the --rows table adds")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(level_row(args.child, args.rounds)))
+        return
+    if args.rows:
+        from engine.kernels.cpu import gemv
+
+        table = rows_table([int(m) for m in args.rows.split(",")], args.rounds, args.baseline)
+        print(f"isa {gemv.isa_name()}, {torch.get_num_threads()} threads, best of {args.rounds} interleaved rounds")
+        print_table(table)
+        if args.out:
+            args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "rows": table}, indent=2))
         return
     from engine.kernels.cpu import isa
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.kernels.cpu import isa, quant_gemm
+from engine.kernels.cpu import gemv, isa, quant_gemm
 from engine.kernels.cpu.quant_gemm import FORMATS, dequantize_torch, embedding_q, linear_q, linear_q_torch
 
 pytestmark = pytest.mark.skipif(not quant_gemm.available(), reason="no C compiler: the kernels cannot be built")
@@ -47,7 +47,7 @@ def assert_within_summation_order(got: torch.Tensor, expected: torch.Tensor, mag
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
-@pytest.mark.parametrize("m", [1, 3, 16, 70])  # decode row, micro-kernel tails, a decode batch, prefill panels
+@pytest.mark.parametrize("m", [1, 3, 16, 70])  # decode row, few-rows tails, a decode batch, prefill panels
 @pytest.mark.parametrize(("n", "k"), [(37, 32), (192, 576), (64, 1536)])
 def test_linear_matches_the_dequantised_reference(fmt: str, m: int, n: int, k: int, seed: int):
     gen = np.random.default_rng(seed)
@@ -64,23 +64,28 @@ def test_linear_matches_the_dequantised_reference(fmt: str, m: int, n: int, k: i
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
-@pytest.mark.parametrize("n", [37, 576])  # a tail group of output features, and none
-def test_few_rows_in_registers_equal_the_buffered_panels_bit_for_bit(fmt: str, n: int, seed: int):
-    """A few rows (decode) dequantise each block into registers, more rows into a buffered
-    panel: the same products summed in the same order by the x86 builds' FMA intrinsics, so
-    each row's output is the same. The portable build's plain vector arithmetic may be
-    reassociated by the compiler (-fassociative-math): there, the summation-order bound."""
+@pytest.mark.parametrize("n", [37, 576])  # a tail panel of output features, and none
+@pytest.mark.parametrize("m", [5, 16, 70])  # past every build's few-rows count: a row-block tail, decode, prefill
+def test_many_rows_equal_the_fp32_kernel_on_the_dequantised_weight_bit_for_bit(fmt: str, n: int, m: int, seed: int):
+    """More than a few rows (prefill, batched decode) dequantise each panel of 32 output
+    features into gemv.c's fp32 layout and multiply it by gemv.c's own panel product
+    (vector.h): the float32 engine's result on the dequantised weight, bit for bit, bias
+    included. The portable build's plain vector arithmetic may be reassociated by the
+    compiler (-fassociative-math): there, the summation-order bound."""
     gen = np.random.default_rng(seed)
     weight = random_blocks(fmt, n, 576, gen)
-    x = torch.from_numpy(gen.standard_normal((16, 576), dtype=np.float32))
-    many = linear_q(x, weight, fmt)
-    magnitude = x.abs() @ dequantize_torch(weight, fmt).abs().T
-    for rows in (slice(0, 1), slice(7, 8), slice(15, 16), slice(0, 2)):
-        few = linear_q(x[rows], weight, fmt)
-        if isa.target().level == "portable":
-            assert_within_summation_order(few, many[rows], magnitude[rows], 576)
-        else:
-            assert torch.equal(few, many[rows])
+    padded = torch.zeros(-(-n // gemv.PANEL) * gemv.PANEL, 576)  # gemv packs whole panels
+    padded[:n] = dequantize_torch(weight, fmt)
+    x = torch.from_numpy(gen.standard_normal((m, 576), dtype=np.float32))
+    bias = torch.zeros(padded.shape[0])
+    bias[:n] = torch.from_numpy(gen.standard_normal(n, dtype=np.float32))
+    got = linear_q(x, weight, fmt, bias[:n])
+    expected = gemv.linear(x, gemv.pack(padded), bias)[:, :n]
+    if isa.target().level == "portable":
+        magnitude = x.abs() @ padded[:n].abs().T + bias[:n].abs()
+        assert_within_summation_order(got, expected, magnitude, 576)
+    else:
+        assert torch.equal(got, expected)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))

@@ -22,23 +22,10 @@
 #include <string.h>
 
 #include "bf16.h"
+#include "vector.h" /* PANEL, LANES, ROW_BLOCK, vfloat and panel_sums_f32, shared with quant_gemm.c */
 
-#define PANEL 32
-
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
+/* 16 (AVX-512; 8 AVX2, 4 portable) bf16 pairs (k even, k odd) -> the even and the odd values as fp32. */
 #if defined(__AVX512F__)
-#define LANES 16
-#define ROW_BLOCK 6 /* 12 sums of 16 lanes + 2 weight vectors + a broadcast, of 32 registers */
-typedef __m512 vfloat;
-static inline vfloat vzero(void) { return _mm512_setzero_ps(); }
-static inline vfloat vload(const float *p) { return _mm512_loadu_ps(p); }
-static inline void vstore(float *p, vfloat v) { _mm512_storeu_ps(p, v); }
-static inline vfloat vset1(float x) { return _mm512_set1_ps(x); }
-static inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm512_fmadd_ps(a, b, c); }
-/* 16 bf16 pairs (k even, k odd) -> the even and the odd values as fp32. */
 static inline void vwiden_pairs(const bf16 *p, vfloat *even, vfloat *odd) {
     const __m512i v = _mm512_loadu_si512(p);
     *even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
@@ -46,14 +33,6 @@ static inline void vwiden_pairs(const bf16 *p, vfloat *even, vfloat *odd) {
 }
 #define ISA_NAME (BF16_DOT ? "avx512bf16" : "avx512")
 #elif defined(__AVX2__) && defined(__FMA__)
-#define LANES 8
-#define ROW_BLOCK 2 /* 8 sums of 8 lanes + 4 weight vectors + a broadcast, of 16 registers */
-typedef __m256 vfloat;
-static inline vfloat vzero(void) { return _mm256_setzero_ps(); }
-static inline vfloat vload(const float *p) { return _mm256_loadu_ps(p); }
-static inline void vstore(float *p, vfloat v) { _mm256_storeu_ps(p, v); }
-static inline vfloat vset1(float x) { return _mm256_set1_ps(x); }
-static inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm256_fmadd_ps(a, b, c); }
 static inline void vwiden_pairs(const bf16 *p, vfloat *even, vfloat *odd) {
     const __m256i v = _mm256_loadu_si256((const __m256i *)p);
     *even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
@@ -61,20 +40,7 @@ static inline void vwiden_pairs(const bf16 *p, vfloat *even, vfloat *odd) {
 }
 #define ISA_NAME "avx2"
 #else
-#define LANES 4
-#define ROW_BLOCK 2
-typedef float vfloat __attribute__((vector_size(16)));
 typedef uint32_t vuint __attribute__((vector_size(16)));
-static inline vfloat vzero(void) { return (vfloat){0, 0, 0, 0}; }
-static inline vfloat vload(const float *p) {
-    vfloat v;
-    memcpy(&v, p, sizeof(v));
-    return v;
-}
-static inline void vstore(float *p, vfloat v) { memcpy(p, &v, sizeof(v)); }
-static inline vfloat vset1(float x) { return (vfloat){x, x, x, x}; }
-/* A product then a sum (no fused multiply-add is assumed): other roundings than the FMA paths. */
-static inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return a * b + c; }
 static inline void vwiden_pairs(const bf16 *p, vfloat *even, vfloat *odd) {
     vuint v;
     memcpy(&v, p, sizeof(v));
@@ -89,8 +55,6 @@ static inline void vwiden_pairs(const bf16 *p, vfloat *even, vfloat *odd) {
 #else
 #define BF16_DOT 0
 #endif
-
-#define VECTORS (PANEL / LANES) /* vectors per row of a panel's sums */
 
 /* The vector path this library was built with. */
 const char *gemv_isa(void) { return ISA_NAME; }
@@ -122,44 +86,36 @@ void gemv_pack_bf16(const bf16 *weight, int64_t ldw, bf16 *packed, int64_t n, in
 
 /* sums [rows][PANEL] of rows row0.. over one panel (k in order), `rows` <= ROW_BLOCK a literal
    at each call, so that the sums stay in registers. x rows: fp32 or bf16 (is_bf16, the weight's
-   dtype too), row stride ldx. */
+   dtype too), row stride ldx. fp32 is vector.h's product, which quant_gemm.c shares. */
 ALWAYS_INLINE void panel_sums(const void *x, int64_t ldx, const void *panel, int64_t k, int64_t row0, const int rows,
                               float *sums, const int is_bf16) {
+    if (!is_bf16) {
+        panel_sums_f32(x, ldx, panel, k, row0, rows, sums);
+        return;
+    }
     vfloat acc[ROW_BLOCK][VECTORS];
     for (int r = 0; r < rows; r++)
         for (int v = 0; v < VECTORS; v++) acc[r][v] = vzero();
-    if (!is_bf16) {
-        const float *w = panel, *xs = (const float *)x + row0 * ldx;
-        for (int64_t kk = 0; kk < k; kk++, w += PANEL) {
-            vfloat wv[VECTORS];
-            for (int v = 0; v < VECTORS; v++) wv[v] = vload(w + v * LANES);
-            for (int r = 0; r < rows; r++) {
-                const vfloat xv = vset1(xs[r * ldx + kk]);
-                for (int v = 0; v < VECTORS; v++) acc[r][v] = vfma(xv, wv[v], acc[r][v]);
-            }
-        }
-    } else {
-        const bf16 *w = panel, *xs = (const bf16 *)x + row0 * ldx;
-        for (int64_t kk = 0; kk < k; kk += 2, w += 2 * PANEL) {
+    const bf16 *w = panel, *xs = (const bf16 *)x + row0 * ldx;
+    for (int64_t kk = 0; kk < k; kk += 2, w += 2 * PANEL) {
 #if BF16_DOT
-            __m512bh wv[VECTORS];
-            for (int v = 0; v < VECTORS; v++) wv[v] = (__m512bh)_mm512_loadu_si512(w + 2 * v * LANES);
-            for (int r = 0; r < rows; r++) {
-                int32_t pair;
-                memcpy(&pair, xs + r * ldx + kk, sizeof(pair));
-                const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
-                for (int v = 0; v < VECTORS; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], xv, wv[v]);
-            }
-#else
-            vfloat even[VECTORS], odd[VECTORS];
-            for (int v = 0; v < VECTORS; v++) vwiden_pairs(w + 2 * v * LANES, &even[v], &odd[v]);
-            for (int r = 0; r < rows; r++) {
-                const vfloat x0 = vset1(bf16_to_float(xs[r * ldx + kk]));
-                const vfloat x1 = vset1(bf16_to_float(xs[r * ldx + kk + 1]));
-                for (int v = 0; v < VECTORS; v++) acc[r][v] = vfma(x1, odd[v], vfma(x0, even[v], acc[r][v]));
-            }
-#endif
+        __m512bh wv[VECTORS];
+        for (int v = 0; v < VECTORS; v++) wv[v] = (__m512bh)_mm512_loadu_si512(w + 2 * v * LANES);
+        for (int r = 0; r < rows; r++) {
+            int32_t pair;
+            memcpy(&pair, xs + r * ldx + kk, sizeof(pair));
+            const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+            for (int v = 0; v < VECTORS; v++) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], xv, wv[v]);
         }
+#else
+        vfloat even[VECTORS], odd[VECTORS];
+        for (int v = 0; v < VECTORS; v++) vwiden_pairs(w + 2 * v * LANES, &even[v], &odd[v]);
+        for (int r = 0; r < rows; r++) {
+            const vfloat x0 = vset1(bf16_to_float(xs[r * ldx + kk]));
+            const vfloat x1 = vset1(bf16_to_float(xs[r * ldx + kk + 1]));
+            for (int v = 0; v < VECTORS; v++) acc[r][v] = vfma(x1, odd[v], vfma(x0, even[v], acc[r][v]));
+        }
+#endif
     }
     for (int r = 0; r < rows; r++)
         for (int v = 0; v < VECTORS; v++) vstore(sums + r * PANEL + v * LANES, acc[r][v]);
