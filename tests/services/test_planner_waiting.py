@@ -26,6 +26,7 @@ class HeldEngine:
     model_name = "m"
     max_model_len = 64
     tokenizer = None
+    num_held = 0  # no KV held for a device hand-off
 
     def __init__(self, held: int, running: int, waiting: int) -> None:
         self.requests = {f"r{i}": object() for i in range(held)}
