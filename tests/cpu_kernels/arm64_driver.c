@@ -19,32 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernel_signatures.h"
+
 #define THREADS 2
 #define MAX_HELD 32
-
-typedef int (*linear_fn)(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo,
-                         int64_t m, int64_t n, int64_t k, int threads);
-typedef void (*pack_fn)(const void *weight, int64_t ldw, void *packed, int64_t n, int64_t k, int threads);
-typedef int (*rows_fn)(const void *qweight, const int64_t *ids, int64_t count, float *out, int64_t ldo, int64_t k,
-                       int threads);
-typedef void (*rms_norm_fn)(const void *x, int64_t x_stride, const void *residual, int64_t residual_stride,
-                            const void *weight, void *out, void *residual_out, int64_t rows, int64_t n, float eps,
-                            int threads);
-typedef void (*silu_and_mul_fn)(const void *x, int64_t x_stride, void *out, int64_t rows, int64_t inter, int threads);
-typedef void (*rope_fn)(const void *x, int64_t x_stride_t, int64_t x_stride_h, const void *cos, const void *sin,
-                        void *out, int64_t tokens, int64_t heads, int64_t head_dim, int64_t rope_dim, int threads);
-typedef void (*store_kv_fn)(const void *k, int64_t k_stride_t, const void *v, int64_t v_stride_t, void *k_cache,
-                            void *v_cache, const int64_t *out_slots, int64_t tokens, int64_t row_elems,
-                            int64_t elem_bytes);
-typedef void (*attention_fn)(const void *q, int64_t q_stride_t, int64_t q_stride_h, const void *k_cache,
-                             const void *v_cache, int64_t kv_stride_s, int64_t kv_stride_h,
-                             const int32_t *req_to_token, int64_t table_stride, const int64_t *req_rows,
-                             const int32_t *seq_lens, const int32_t *extend_lens, const int32_t *q_start,
-                             int64_t batch, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                             int64_t max_extend, int64_t kv_len, int causal, float scale, void *out,
-                             int64_t out_stride_t, int64_t out_stride_h, float *workspace,
-                             int64_t workspace_per_thread, int num_threads);
-typedef int64_t (*workspace_floats_fn)(int64_t max_seq_len, int64_t group, int64_t head_dim);
 
 static const char *lib_dir, *data_dir, *current_case = "";
 static void *held[MAX_HELD]; /* the current case's buffers */

@@ -3,7 +3,8 @@
 Every source of engine/kernels/cpu is cross-compiled by build.compile_command, the command
 build.load runs, for the target isa.resolve gives an ARM64 machine (the portable level: no
 target flags, so the kernels take their plain-C paths and GCC's generic vectors become NEON).
-arm64_driver.c, cross-compiled too, opens the libraries with dlopen, runs their entry points on
+arm64_driver.c, cross-compiled too (with that folder on its include path, for the kernels'
+signatures in kernel_signatures.h), opens the libraries with dlopen, runs their entry points on
 the inputs written here (two OpenMP threads) and writes the outputs back; it runs under
 qemu-aarch64 with Debian's ARM64 C library and libgomp. The outputs are held to the bounds of
 the x86 tests: the linear products to the summation bound of test_cpu_gemv.py (fp32, bf16) or
@@ -227,7 +228,10 @@ def arm64(tmp_path_factory: pytest.TempPathFactory) -> Arm64Run:
     data.mkdir()
     cross_build(libraries)
     driver = root / "arm64_driver"
-    command = [CROSS_CC, "-O2", "-std=c11", "-Wall", "-Wextra", str(DRIVER), "-o", str(driver), "-ldl"]
+    command = [
+        CROSS_CC, "-O2", "-std=c11", "-Wall", "-Wextra", "-I", str(build.SOURCE_DIR),
+        str(DRIVER), "-o", str(driver), "-ldl",
+    ]  # fmt: skip
     subprocess.run(command, check=True)
     gen = torch.Generator().manual_seed(SEED)
     cases = linear_cases(gen) + quant_cases(np.random.default_rng(SEED)) + elementwise_cases(gen) + attention_cases()

@@ -3,10 +3,12 @@
 Each `<name>.c` becomes one shared library, built with the system C compiler (`$CC`, else
 `cc`) for this CPU (`-march=native`), or for the lower level `DSPARK_CPU_ISA` caps it at
 (isa.py), with OpenMP, and cached under `$DSPARK_CACHE_DIR/cpu-kernels` (default
-`~/.cache/dspark-serve`), keyed by a hash of the sources, the flags, the level, the compiler
-and the CPU's flags, so a change to any of them builds again. Only CPU processes build them
-(Triton needs a C compiler at run time anyway, for its launchers); a CPU install without a
-compiler falls back to the torch path (`load` returns None and says why, once).
+`~/.cache/dspark-serve`), keyed by a hash of the sources (every .c and .h of this folder, so
+an edited shared header such as kernel_signatures.h rebuilds every library), the flags, the
+level, the compiler and the CPU's flags, so a change to any of them builds again. Only CPU
+processes build them (Triton needs a C compiler at run time anyway, for its launchers); a CPU
+install without a compiler falls back to the torch path (`load` returns None and says why,
+once).
 
 The library links OpenMP by its soname, libgomp.so.1; torch has loaded its own copy by that
 name already, so the kernels share torch's thread pool instead of starting a second one.

@@ -12,35 +12,11 @@
      normed, residual = add_rms_norm(attn @ Wo^T, residual, post_norm)
      hidden = swiglu(normed @ Wgate_up^T) @ Wdown^T
    The kernels come from their own libraries (gemm.c or gemv.c, elementwise.c, attention.c) as
-   function pointers, so each keeps one definition. */
+   function pointers of kernel_signatures.h's types, so each keeps one definition. */
 
 #include <stdint.h>
 
-/* The linear layers' contract (gemm.c's AMX kernels, gemv.c's vector kernels, and any weight
-   format that keeps it, a quantized one included): out [m, n] (row stride ldo) = x [m, k] (row
-   stride ldx) @ W^T (+ bias [n], or NULL), x, bias and out in the forward's activation dtype
-   (fp32 or bf16); `packed` is the weight in whatever layout the kernel packed it into, read
-   only; the kernel spreads its work over `threads` OpenMP threads and returns 0, or -1 when it
-   could not allocate scratch. The SwiGLU form takes n = inter and a [gate | up] weight of
-   2 inter rows, and writes silu(gate) * up [m, inter]. */
-typedef int (*linear_fn)(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo,
-                         int64_t m, int64_t n, int64_t k, int threads);
-typedef void (*rms_norm_fn)(const void *x, int64_t x_stride, const void *residual, int64_t residual_stride,
-                            const void *weight, void *out, void *residual_out, int64_t rows, int64_t n, float eps,
-                            int threads);
-typedef void (*rope_fn)(const void *x, int64_t x_stride_t, int64_t x_stride_h, const void *cos, const void *sin,
-                        void *out, int64_t tokens, int64_t heads, int64_t head_dim, int64_t rope_dim, int threads);
-typedef void (*store_kv_fn)(const void *k, int64_t k_stride_t, const void *v, int64_t v_stride_t, void *k_cache,
-                            void *v_cache, const int64_t *out_slots, int64_t tokens, int64_t row_elems,
-                            int64_t elem_bytes);
-typedef void (*attention_fn)(const void *q, int64_t q_stride_t, int64_t q_stride_h, const void *k_cache,
-                             const void *v_cache, int64_t kv_stride_s, int64_t kv_stride_h,
-                             const int32_t *req_to_token, int64_t table_stride, const int64_t *req_rows,
-                             const int32_t *seq_lens, const int32_t *extend_lens, const int32_t *q_start,
-                             int64_t batch, int64_t num_q_heads, int64_t num_kv_heads, int64_t head_dim,
-                             int64_t max_extend, int64_t kv_len, int causal, float scale, void *out,
-                             int64_t out_stride_t, int64_t out_stride_h, float *workspace,
-                             int64_t workspace_per_thread, int num_threads);
+#include "kernel_signatures.h"
 
 struct kernels {
     linear_fn linear, linear_swiglu;

@@ -209,7 +209,7 @@ ALWAYS_INLINE int linear_tiles(const bf16 *x, int64_t ldx, const bf16 *packed, i
 
 /* out [m, n] (row stride ldo) = x [m, k] (row stride ldx) @ W^T + bias ([n] or NULL). */
 int linear_bf16(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo,
-                int64_t m, int64_t n, int64_t k, int threads) { /* decoder.c's linear_fn */
+                int64_t m, int64_t n, int64_t k, int threads) { /* kernel_signatures.h's linear_fn */
     const struct epilogue e = {bias, out, ldo, n, 0};
     return linear_tiles(x, ldx, packed, m, n, k, threads, &e, 0);
 }

@@ -198,7 +198,8 @@ ALWAYS_INLINE void linear_panels(const void *x, int64_t ldx, const void *packed,
 }
 
 /* The exported kernels, per dtype (x, bias and out in the weight's dtype). They share the
-   signature of gemm.c's AMX kernels (decoder.c's linear_fn) and return 0: nothing to fail.
+   signature of gemm.c's AMX kernels (kernel_signatures.h's linear_fn) and return 0: nothing
+   to fail.
      linear:  out [m, n] (row stride ldo) = x [m, k] (row stride ldx) @ W^T + bias ([n] or NULL)
      swiglu:  out [m, inter] = silu(gate) * up of x @ W^T + bias, W = [gate | up] [2 inter, k]
               packed gated (gemv.py), bias [2 inter] in [gate | up] order or NULL. */

@@ -213,8 +213,8 @@ static int swiglu_quant(enum format format, const float *x, int64_t ldx, const v
     return status;
 }
 
-/* The exported kernels, one per format, all with decoder.c's linear_fn signature (fp32
-   activations), so the one-call decoder stack calls them through its function pointers.
+/* The exported kernels, one per format, all with kernel_signatures.h's linear_fn signature
+   (fp32 activations), so the one-call decoder stack calls them through its function pointers.
    0 on success, -1 out of memory, -2 k not a multiple of 32. */
 int linear_q8_0(const float *x, int64_t ldx, const void *qweight, const float *bias, float *out, int64_t ldo,
                 int64_t m, int64_t n, int64_t k, int threads) {

@@ -82,7 +82,7 @@ def available() -> bool:
 
 
 def function_address(fmt: str, swiglu: bool = False) -> int:
-    """The address of quant_gemm.c's `linear_<fmt>` (or `swiglu_<fmt>`): decoder.c's linear_fn."""
+    """The address of quant_gemm.c's `linear_<fmt>` (or `swiglu_<fmt>`): kernel_signatures.h's linear_fn."""
     functions = _functions()
     if functions is None:
         raise RuntimeError("the quantized CPU kernels are not built here")
