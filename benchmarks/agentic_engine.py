@@ -3,7 +3,7 @@
     python benchmarks/agentic_engine.py [--device cpu|cuda] [--model smollm2-135m|PATH|random-llama3-8b]
         [--sessions 8,16] [--shared-prefix 256] [--turns 3] [--turn-tokens 32,96]
         [--output-tokens 16,48] [--seed 0] [--scheduling both|mixed|alternating]
-        [--expansion host|device|both] [--profile-steps 100]
+        [--expansion host|device|both] [--extend-graphs on|off|both] [--profile-steps 100]
         [--max-num-batched-tokens 256] [--kv-cache-bytes N] [--out results.json]
 
 The workload (seeded, identical for both policies): `sessions` concurrent sessions share a
@@ -30,7 +30,9 @@ timed pass's wall ms per step across the same window. Mean token mix per step: d
 
 `--expansion both` adds the prefill slot expansion's A/B: `host-sized` passes the size the
 host knows to `repeat_interleave`, `device-sized` lets PyTorch read it back from the device
-(a host sync per prefill step, engine/runner/options.py).
+(a host sync per prefill step, engine/runner/options.py). `--extend-graphs both` adds the
+A/B of prefill and mixed forwards replayed as piecewise CUDA graphs (`graphs`, the default)
+against launched kernel by kernel (`eager`; engine/runner/piecewise_graphs.py).
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ class PolicyResult:
     decode_rows_per_step: float
     prefill_tokens_per_step: float
     expansion: str = "host-sized"
+    extend_graphs: bool = True  # prefill and mixed forwards replay piecewise CUDA graphs
     window_steps: int = 0  # steady steps measured; 0: none (CPU, or the run ended first)
     window_wall_ms_per_step: float | None = None  # timed pass, no profiler
     window_host_ms_per_step: float | None = None  # inside EngineCore.step, timed pass
@@ -253,7 +256,12 @@ def with_window(result: PolicyResult, timed: SteadyWindow | None, profiled: Stea
 
 
 def build_engine(
-    loaded: LoadedModel, args: argparse.Namespace, scheduling: str, expansion: str, max_num_seqs: int
+    loaded: LoadedModel,
+    args: argparse.Namespace,
+    scheduling: str,
+    expansion: str,
+    extend_graphs: bool,
+    max_num_seqs: int,
 ) -> EngineCore:
     config = EngineConfig(
         model=str(loaded.source.name),
@@ -264,7 +272,7 @@ def build_engine(
         kv_cache_memory_bytes=args.kv_cache_bytes,
         scheduling=scheduling,  # type: ignore[arg-type]
     )
-    options = RunnerOptions(host_sized_expansion=expansion == "host-sized")
+    options = RunnerOptions(host_sized_expansion=expansion == "host-sized", piecewise_extend_graphs=extend_graphs)
     return EngineCore(config, parts=build_engine_parts(config, loaded=loaded, runner_options=options))
 
 
@@ -286,6 +294,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scheduling", choices=["both", "mixed", "alternating"], default="both")
     parser.add_argument("--expansion", choices=["host", "device", "both"], default="host")
+    parser.add_argument(
+        "--extend-graphs", choices=["on", "off", "both"], default="on", help="piecewise graphs of prefill/mixed steps"
+    )
     parser.add_argument("--profile-steps", type=int, default=100, help="steady steps profiled on a GPU; 0: none")
     parser.add_argument("--max-num-batched-tokens", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=4096)
@@ -297,16 +308,18 @@ def main() -> None:
     loaded = _load(args.model, dtype, args.device)
     policies = ["alternating", "mixed"] if args.scheduling == "both" else [args.scheduling]
     expansions = ["host-sized", "device-sized"] if args.expansion == "both" else [f"{args.expansion}-sized"]
+    graph_choices = [False, True] if args.extend_graphs == "both" else [args.extend_graphs == "on"]
     profile_steps = args.profile_steps if args.device.startswith("cuda") else 0
     results: list[dict[str, Any]] = []
     for sessions in (int(s) for s in args.sessions.split(",")):
         load = Workload(sessions, args.shared_prefix, args.turns, args.turn_tokens, args.output_tokens, args.seed)
-        for policy, expansion in itertools.product(policies, expansions):
-            result, timed = _fresh_run(loaded, args, load, policy, expansion, profile_steps, profile=False)
+        for policy, expansion, graphs in itertools.product(policies, expansions, graph_choices):
+            variant = (policy, expansion, graphs)
+            result, timed = _fresh_run(loaded, args, load, variant, profile_steps, profile=False)
             profiled = None
             if timed is not None:  # the same steps again, under the profiler
-                _, profiled = _fresh_run(loaded, args, load, policy, expansion, profile_steps, profile=True)
-            result = with_window(result, timed, profiled)
+                _, profiled = _fresh_run(loaded, args, load, variant, profile_steps, profile=True)
+            result = dataclasses.replace(with_window(result, timed, profiled), extend_graphs=graphs)
             results.append(asdict(result))
             print(_line(result), flush=True)
     meta = {
@@ -324,13 +337,13 @@ def _fresh_run(
     loaded: LoadedModel,
     args: argparse.Namespace,
     load: Workload,
-    policy: str,
-    expansion: str,
+    variant: tuple[str, str, bool],  # (scheduling, expansion, extend graphs)
     window_steps: int,
     profile: bool,
 ) -> tuple[PolicyResult, SteadyWindow | None]:
     """The workload on a new engine (empty prefix cache) after a warm-up."""
-    engine = build_engine(loaded, args, policy, expansion, max_num_seqs=load.sessions)
+    policy, expansion, graphs = variant
+    engine = build_engine(loaded, args, policy, expansion, graphs, max_num_seqs=load.sessions)
     # the warm-up's shapes are the run's (prefix, turn and output lengths), so that kernels
     # compiled or tuned per shape are ready before the clock starts
     warm = Workload(min(4, load.sessions), load.shared_prefix, 1, load.turn_tokens, load.output_tokens, load.seed + 1)
@@ -346,6 +359,7 @@ def _fresh_run(
 def _line(result: PolicyResult) -> str:
     line = (
         f"sessions={result.sessions:4d} {result.scheduling:11s} {result.expansion:12s} "
+        f"{'graphs' if result.extend_graphs else 'eager ':6s} "
         f"{result.output_tokens_per_s:8.1f} tok/s  "
         f"TTFT mean/p50/p90 {result.ttft_mean_ms:6.0f}/{result.ttft_p50_ms:6.0f}/{result.ttft_p90_ms:6.0f} ms  "
         f"TPOT mean/p99 {result.tpot_mean_ms:5.1f}/{result.tpot_p99_ms:5.1f} ms  "

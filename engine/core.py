@@ -24,7 +24,7 @@ from engine.handoff import Continuation, HeldKV, KVHandoff
 from engine.kv.pool import KVPool
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
-from engine.request import Request
+from engine.request import Request, token_ids_in_range
 from engine.runner.step_output import PendingStep
 from engine.sampling.rng import request_key
 from engine.sampling_params import SamplingParams
@@ -131,7 +131,7 @@ class EngineCore:
         if not isinstance(prompt_token_ids, (list, tuple)) or not prompt_token_ids:
             raise ValueError("prompt: must be a non-empty list of token ids")
         vocab = self.model_config.vocab_size
-        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in prompt_token_ids):
+        if not token_ids_in_range(prompt_token_ids, vocab):
             raise ValueError(f"prompt: token ids must be integers in [0, {vocab})")
         n = len(prompt_token_ids)
         if n + 1 > self.max_model_len:
@@ -147,7 +147,7 @@ class EngineCore:
         if not outputs:
             return outputs
         vocab = self.model_config.vocab_size
-        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in outputs):
+        if not token_ids_in_range(outputs, vocab):
             raise ValueError(f"continuation: output token ids must be integers in [0, {vocab})")
         if len(outputs) >= params.max_tokens:
             raise ValueError(f"continuation: {len(outputs)} tokens already reach max_tokens={params.max_tokens}")

@@ -163,7 +163,7 @@ def build_engine_parts(
         options=runner_options,
     )
     if config.cuda_graphs and device.type == "cuda":
-        runner.capture_graphs(config.max_num_seqs, max_context, kv.table.padding_row)
+        runner.capture_graphs(config.max_num_seqs, max_context, kv.table.padding_row, config.max_num_batched_tokens)
     return EngineParts(
         model_name=loaded.name,
         model_config=mc,

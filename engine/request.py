@@ -76,3 +76,9 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
+
+
+def token_ids_in_range(token_ids: list[int] | tuple[int, ...], vocab_size: int) -> bool:
+    """Every id a plain int (not bool, not a numpy scalar) in [0, vocab_size). Runs at C speed:
+    a turn of a long session resubmits its whole history, thousands of ids per request."""
+    return set(map(type, token_ids)) == {int} and min(token_ids) >= 0 and max(token_ids) < vocab_size

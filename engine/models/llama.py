@@ -24,7 +24,7 @@ from engine.distributed.layers import (
     default_weight_loader,
 )
 from engine.kernels.rope import RotaryAngles
-from engine.models.context import ForwardContext
+from engine.models.context import LayerContext
 from engine.models.layers import RMSNorm
 from engine.models.registry import register_model
 from engine.models.rotary import rotary_embedding
@@ -49,7 +49,7 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.scale = config.head_dim**-0.5
 
-    def forward(self, rope: RotaryAngles, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, rope: RotaryAngles, hidden: torch.Tensor, ctx: LayerContext) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)  # [T, (Hq + 2 Hkv) * D] (this rank's heads)
         q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
@@ -92,7 +92,7 @@ class LlamaDecoderLayer(nn.Module):
         rope: RotaryAngles,  # RoPE at the forward's positions
         hidden: torch.Tensor,  # [T, H]: the previous layer's MLP output, or the embeddings
         residual: torch.Tensor | None,  # [T, H]: the stream before `hidden` joins it; None at layer 0
-        ctx: ForwardContext,
+        ctx: LayerContext,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (this layer's MLP output, the stream before it)
         if residual is None:
             hidden, residual = self.input_layernorm(hidden), hidden
@@ -112,7 +112,7 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, layer_id) for layer_id in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, ctx: LayerContext) -> torch.Tensor:
         rope = self.rotary_emb.at(positions)
         captured: dict[int, torch.Tensor] = {}
         residual: torch.Tensor | None = None
@@ -158,7 +158,7 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,  # [T] int64
         positions: torch.Tensor,  # [T] int64
-        ctx: ForwardContext,
+        ctx: LayerContext,
         input_embeds: torch.Tensor | None = None,  # [T, H]: used instead of embedding input_ids
     ) -> torch.Tensor:  # [T, H], final norm applied
         hidden = self.embed(input_ids) if input_embeds is None else input_embeds

@@ -37,7 +37,7 @@ from engine.kernels.cpu.build import load
 from engine.kernels.cpu.linear import kernel_of
 from engine.kernels.cpu.quant_gemm import FORMATS
 from engine.kernels.rope import RotaryAngles
-from engine.models.context import CausalLM, ForwardContext
+from engine.models.context import CausalLM, ForwardContext, LayerContext
 from engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from engine.models.quantized import QuantizedLinear
 
@@ -262,9 +262,9 @@ class CpuStackedLM:
         self.model = model
         self.stack = stack
 
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: LayerContext) -> torch.Tensor:
         hidden = self.model.embed(input_ids)  # [T, H]
-        if not self.stack.serves(hidden, ctx):
+        if not isinstance(ctx, ForwardContext) or not self.stack.serves(hidden, ctx):
             return self.model(input_ids, positions, ctx, input_embeds=hidden)
         decoder = self.model.model
         hidden, stream = self.stack(decoder.rotary_emb.at(positions), hidden, ctx)

@@ -60,7 +60,11 @@ def launch_extend(runner: ModelRunner, step: ScheduledStep) -> DeviceStepOutput:
         ids = torch.cat((decode_ids, ids))
     num_decode_tokens = inputs.meta.num_tokens - chunk_inputs.meta.num_tokens
     ctx = ForwardContext(inputs.meta, runner.kv_pool, runner.backend, capture_layers=runner.capture_layers)
-    hidden = runner.model(ids, inputs.positions, ctx)  # [T, H]
+    piecewise = runner.piecewise
+    if piecewise is not None and piecewise.bucket_for(inputs.meta.num_tokens) is not None:
+        hidden = piecewise(ids, inputs.positions, ctx)  # [T, H], the graphs' static output
+    else:
+        hidden = runner.model(ids, inputs.positions, ctx)  # [T, H]
     aux = ctx.aux_hidden()  # [T, K*H] with DSpark, else None
     if runner.dspark is not None:
         assert aux is not None  # capture_layers are the drafter's

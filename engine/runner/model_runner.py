@@ -23,6 +23,7 @@ from engine.runner.extend_step import commit_one_token, launch_extend
 from engine.runner.grammar_rows import GrammarRows, HostGrammarRows
 from engine.runner.h2d import to_device
 from engine.runner.options import RunnerOptions
+from engine.runner.piecewise_graphs import PiecewiseForward
 from engine.runner.row_sampling import RowSampling
 from engine.runner.spec_decode import SpecDecoder
 from engine.runner.step_output import DeviceStepOutput, PendingStep
@@ -68,6 +69,7 @@ class ModelRunner:
         self.capture_layers: tuple[int, ...] = ()
         self.graphs: GraphedStep | None = None
         self.graphs_without_draft: GraphedStep | None = None  # DSpark batches over max_batch_size
+        self.piecewise: PiecewiseForward | None = None  # prefill and mixed forwards, by token count
         if spec is not None:
             draft_pool = spec.new_pool(num_slots, dtype, device)
             self.dspark = SpecDecoder(
@@ -184,10 +186,14 @@ class ModelRunner:
 
     # -- CUDA graphs ----------------------------------------------------------------------
 
-    def capture_graphs(self, max_batch: int, max_context: int, padding_row: int) -> None:
-        """Capture the decode step (plain or DSpark) per batch-size bucket (GPU only)."""
+    def capture_graphs(self, max_batch: int, max_context: int, padding_row: int, max_tokens: int) -> None:
+        """Capture the decode step (plain or DSpark) per batch-size bucket, and the target's
+        forward in pieces per token-count bucket up to `max_tokens` (GPU only)."""
         if self.device.type != "cuda":
             return
+        if self.options.piecewise_extend_graphs:
+            with torch.inference_mode():
+                self.piecewise = PiecewiseForward(self.model, self.capture_layers, max_tokens, self.device)
         vocab = self.vocab_size
         if self.dspark is None:
 

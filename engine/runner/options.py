@@ -19,6 +19,9 @@ class RunnerOptions:
     # False: the prefill expansion lets PyTorch read its size back from the device, the host
     # sync docs/design.md §4 rules out (what tests/engine/test_sync_free_loop.py must catch).
     host_sized_expansion: bool = True
+    # False: prefill and mixed forwards launch every kernel eagerly instead of replaying the
+    # piecewise graphs of engine/runner/piecewise_graphs.py (GPU; what the graphs save).
+    piecewise_extend_graphs: bool = True
     # Replaces DSpark's acceptance after the verify forward (a benchmark forcing accept
     # lengths); None: the lossless rule of engine/speculative/accept.py.
     accept_rule: AcceptRule | None = None

@@ -10,6 +10,7 @@ from engine.config import EngineConfig, SpeculativeConfig
 from engine.core import EngineCore
 from engine.engine_setup import build_engine_parts
 from engine.loader.load import load_model
+from engine.runner.options import RunnerOptions
 from tests.engine.conftest import random_drafter_dir, save_word_tokenizer
 
 
@@ -59,6 +60,7 @@ def gpu_engine_from(
     drafter_dir: Path | None,
     max_batch_size: int | None = None,
     dtype: torch.dtype = torch.bfloat16,
+    runner_options: RunnerOptions | None = None,
     **options: object,
 ) -> EngineCore:
     loaded = load_model(str(model_dir), dtype=dtype, device="cuda", progress=False)
@@ -73,4 +75,4 @@ def gpu_engine_from(
         speculative=spec,
         **options,
     )  # type: ignore[arg-type]
-    return EngineCore(config, parts=build_engine_parts(config, loaded=loaded))
+    return EngineCore(config, parts=build_engine_parts(config, loaded=loaded, runner_options=runner_options))
