@@ -42,9 +42,20 @@ class KVPool:
 
     def read(self, slots: torch.Tensor) -> torch.Tensor:
         """[L, 2, n, Hkv, D]: the K/V of `slots` (a copy), for handing a request to another engine."""
-        return torch.stack((self.k[:, slots], self.v[:, slots]), dim=1)
+        return gather_slots(self.k, self.v, slots)
 
     def write(self, slots: torch.Tensor, kv: torch.Tensor) -> None:
         """Inverse of `read`: kv is [L, 2, n, Hkv, D]."""
         self.k[:, slots] = kv[:, 0].to(self.k.dtype)
         self.v[:, slots] = kv[:, 1].to(self.v.dtype)
+
+
+def gather_slots(k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """[L, 2, n, Hkv, D] from pools k, v [L, S, Hkv, D] at `slots` [n] int64 (same device).
+    One pass over the bytes: each layer's rows land straight in their contiguous block of the
+    output (an indexed read of the whole pool and a stack would pass over them twice)."""
+    out = torch.empty((k.shape[0], 2, slots.numel(), *k.shape[2:]), dtype=k.dtype, device=k.device)
+    for layer in range(k.shape[0]):
+        torch.index_select(k[layer], 0, slots, out=out[layer, 0])
+        torch.index_select(v[layer], 0, slots, out=out[layer, 1])
+    return out

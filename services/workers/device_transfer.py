@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from engine.handoff import HeldKV, KVHandoff
-from engine.kv.pool import KVPool
+from engine.kv.pool import KVPool, gather_slots
 from services.workers.transfer import KVTransfer, ReleaseSink, TransferError, TransferTicket
 
 # (rebuild function, its arguments): torch.multiprocessing's picklable IPC form of a tensor
@@ -135,8 +135,8 @@ class CudaIpcTransfer(KVTransfer):
         slots = torch.from_numpy(payload.held.slots)
         with torch.cuda.stream(stream):
             index = slots.to(device, non_blocking=True)
-            target = _gather(target_pool, index)
-            draft = None if draft_pool is None else _gather(draft_pool, index)
+            target = gather_slots(*target_pool, index)
+            draft = None if draft_pool is None else gather_slots(*draft_pool, index)
         stream.synchronize()
         for t in (target, draft):  # the engine's stream uses them next
             if t is not None:
@@ -186,9 +186,3 @@ class CudaIpcTransfer(KVTransfer):
 def _open(shared: SharedTensor) -> torch.Tensor:
     rebuild, args = shared
     return rebuild(*args)
-
-
-def _gather(pool: tuple[torch.Tensor, torch.Tensor], slots: torch.Tensor) -> torch.Tensor:
-    """[L, 2, n, Hkv, D] of `slots` from a (k, v) pool pair, as KVPool.read lays it out."""
-    k, v = pool
-    return torch.stack((k[:, slots], v[:, slots]), dim=1)
