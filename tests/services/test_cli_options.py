@@ -244,6 +244,12 @@ def test_chat_template_from_a_file_or_inline(tmp_path: Path, capsys: pytest.Capt
     )
 
 
+def test_scheduling_reaches_the_engine_from_the_flag_or_the_environment() -> None:
+    assert engine_config_from_args(parse_checked(["up"])).scheduling == "alternating"
+    assert engine_config_from_args(parse_checked(["up", "--scheduling", "mixed"])).scheduling == "mixed"
+    assert engine_config_from_args(parse_checked(["up"], {"DSPARK_SCHEDULING": "mixed"})).scheduling == "mixed"
+
+
 def test_enable_prefix_caching_is_prefix_cache() -> None:
     assert parse_checked(["up", "--device", "cpu", "--no-enable-prefix-caching"]).prefix_cache is False
     assert parse_checked(["up", "--device", "cpu", "--enable-prefix-caching"]).prefix_cache is True
