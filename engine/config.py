@@ -115,6 +115,7 @@ class ModelConfig(AttentionHeads):
 
 AttentionBackendName = Literal["auto", "torch", "triton"]
 SchedulingPolicyName = Literal["mixed", "alternating"]
+SchedulingChoice = Literal["auto", "mixed", "alternating"]
 
 
 @dataclass(frozen=True)
@@ -150,9 +151,10 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048  # per-step token budget (prefill chunk size)
     chunked_prefill: bool = True
     # "mixed": each step carries the decode rows and prefill chunks under one token budget;
-    # "alternating": a step is prefill chunks or decode rows, taking turns (docs/design.md §2.3).
-    # Alternating stays the default until mixed steps measure faster (on CPU they do not yet).
-    scheduling: SchedulingPolicyName = "alternating"
+    # "alternating": a step is prefill chunks or decode rows, taking turns (docs/design.md §2.3);
+    # "auto": mixed on GPU, where its steps replay piecewise graphs and measure faster, and
+    # alternating on CPU, where mixed steps do not (docs/benchmarks.md).
+    scheduling: SchedulingChoice = "auto"
     enable_prefix_cache: bool = True
     page_size: int = 0  # 0: 1 on CPU, 16 on GPU
     kv_cache_memory_bytes: int = 0  # 0: derived from gpu_memory_utilization or kv_memory_fraction
@@ -180,7 +182,7 @@ class EngineConfig:
                 raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
             if self.kv_cache_memory_bytes:
                 raise ValueError("gpu_memory_utilization and kv_cache_memory_bytes both size the KV pool; set one")
-        if self.scheduling not in ("mixed", "alternating"):
-            raise ValueError(f"scheduling must be 'mixed' or 'alternating', got {self.scheduling!r}")
+        if self.scheduling not in ("auto", "mixed", "alternating"):
+            raise ValueError(f"scheduling must be 'auto', 'mixed' or 'alternating', got {self.scheduling!r}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")

@@ -9,7 +9,7 @@ from typing import cast
 
 import torch
 
-from engine.config import EngineConfig, ModelConfig
+from engine.config import EngineConfig, ModelConfig, SchedulingChoice, SchedulingPolicyName
 from engine.kernels.cpu import quant_gemm
 from engine.kernels.cpu.linear import pack_module_weights
 from engine.kv.budget import DeviceMemory, kv_budget_bytes
@@ -47,6 +47,12 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+def scheduling_policy(choice: SchedulingChoice, device: torch.device) -> SchedulingPolicyName:
+    if choice == "auto":
+        return "mixed" if device.type == "cuda" else "alternating"
+    return choice
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -144,7 +150,7 @@ def build_engine_parts(
         max_model_len=max_model_len,
         step_width=step_width,
         spec_gamma=spec.gamma if spec else None,
-        policy=config.scheduling,
+        policy=scheduling_policy(config.scheduling, device),
     )
     runner = ModelRunner(
         target,

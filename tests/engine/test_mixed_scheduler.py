@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
+from engine.engine_setup import scheduling_policy
 from engine.kv.manager import KVManager
 from engine.kv.shared_prefix import MIN_DEFERRED_TOKENS
 from engine.request import Request
@@ -136,3 +138,10 @@ def test_short_shared_prefixes_are_not_waited_for():
     scheduler.add(_request("b", shared + [2]))
     step = scheduler.schedule()
     assert step is not None and len(step.chunks) == 2
+
+
+def test_auto_scheduling_is_mixed_on_a_gpu_and_alternating_on_cpu():
+    assert scheduling_policy("auto", torch.device("cuda", 0)) == "mixed"
+    assert scheduling_policy("auto", torch.device("cpu")) == "alternating"
+    assert scheduling_policy("alternating", torch.device("cuda", 0)) == "alternating"
+    assert scheduling_policy("mixed", torch.device("cpu")) == "mixed"

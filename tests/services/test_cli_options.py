@@ -245,7 +245,7 @@ def test_chat_template_from_a_file_or_inline(tmp_path: Path, capsys: pytest.Capt
 
 
 def test_scheduling_reaches_the_engine_from_the_flag_or_the_environment() -> None:
-    assert engine_config_from_args(parse_checked(["up"])).scheduling == "alternating"
+    assert engine_config_from_args(parse_checked(["up"])).scheduling == "auto"
     assert engine_config_from_args(parse_checked(["up", "--scheduling", "mixed"])).scheduling == "mixed"
     assert engine_config_from_args(parse_checked(["up"], {"DSPARK_SCHEDULING": "mixed"})).scheduling == "mixed"
 
