@@ -28,6 +28,11 @@ slows the host's launches, so it never runs in the timed pass: the workload is d
 timed pass's wall ms per step across the same window. Mean token mix per step: decode rows
 (output tokens less first tokens) and prefill tokens computed.
 
+The cold burst: TTFT p90 over every session's first turn (all submitted together, the
+shared prefix not cached yet), against the time its distinct tokens (the shared prefix once,
+plus each first turn's own tokens) take at the engine's prefill rate, measured on the same
+engine before the run with one fresh prompt of four step budgets (capped by the context).
+
 `--expansion both` adds the prefill slot expansion's A/B: `host-sized` passes the size the
 host knows to `repeat_interleave`, `device-sized` lets PyTorch read it back from the device
 (a host sync per prefill step, engine/runner/options.py). `--extend-graphs both` adds the
@@ -122,6 +127,11 @@ class PolicyResult:
     prefill_tokens_per_step: float
     expansion: str = "host-sized"
     extend_graphs: bool = True  # prefill and mixed forwards replay piecewise CUDA graphs
+    # the cold burst: every session's first turn, submitted together
+    cold_ttft_p90_ms: float = 0.0
+    cold_distinct_tokens: int = 0  # the shared prefix once, plus each first turn's own tokens
+    prefill_tokens_per_s: float = 0.0  # one long fresh prompt on the same engine, before the run
+    cold_floor_ms: float = 0.0  # cold_distinct_tokens at that rate: its distinct tokens prefilled once
     window_steps: int = 0  # steady steps measured; 0: none (CPU, or the run ended first)
     window_wall_ms_per_step: float | None = None  # timed pass, no profiler
     window_host_ms_per_step: float | None = None  # inside EngineCore.step, timed pass
@@ -162,6 +172,7 @@ def run_policy(
 
     before = engine.stats()
     ttft: list[float] = []
+    cold_ttft: list[float] = []
     tpot: list[float] = []
     output_tokens = requests_done = 0
     step_s = 0.0
@@ -189,6 +200,8 @@ def run_policy(
             timings = out.timings
             assert timings is not None and timings.first_token_s is not None and timings.finished_s is not None
             ttft.append(timings.first_token_s - submit_s)
+            if out.request_id.endswith("-t0"):
+                cold_ttft.append(timings.first_token_s - submit_s)
             if out_len > 1:
                 tpot.append((timings.finished_s - timings.first_token_s) / (out_len - 1))
             output_tokens += len(out.token_ids)
@@ -230,8 +243,23 @@ def run_policy(
         decode_rows_per_step=(output_tokens - requests_done) / max(steps, 1),
         prefill_tokens_per_step=prefill_tokens / max(steps, 1),
         expansion=expansion,
+        cold_ttft_p90_ms=1e3 * float(np.percentile(cold_ttft, 90)),
+        cold_distinct_tokens=load.shared_prefix + sum(len(s.turns[0][0]) for s in sessions),
     )
     return result, steady
+
+
+def prefill_rate(engine: EngineCore, tokens: int) -> float:
+    """Prompt tokens per second of one fresh `tokens`-long prompt (ids from the vocabulary's
+    upper half, which the sessions never use, so nothing of it is cached): chunks of the
+    full step budget, the rate a cold burst's distinct tokens could at best be computed at."""
+    high = engine.model_config.vocab_size
+    prompt = [high // 2 + (7919 * i) % (high // 2 - 1) for i in range(tokens)]
+    start = time.perf_counter()
+    engine.add_request("prefill-rate", prompt, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    return tokens / (time.perf_counter() - start)
 
 
 def with_window(result: PolicyResult, timed: SteadyWindow | None, profiled: SteadyWindow | None) -> PolicyResult:
@@ -309,6 +337,8 @@ def main() -> None:
     policies = ["alternating", "mixed"] if args.scheduling == "both" else [args.scheduling]
     expansions = ["host-sized", "device-sized"] if args.expansion == "both" else [f"{args.expansion}-sized"]
     graph_choices = [False, True] if args.extend_graphs == "both" else [args.extend_graphs == "on"]
+    if not args.device.startswith("cuda"):
+        graph_choices = [False]  # graphs are captured on a GPU only
     profile_steps = args.profile_steps if args.device.startswith("cuda") else 0
     results: list[dict[str, Any]] = []
     for sessions in (int(s) for s in args.sessions.split(",")):
@@ -348,12 +378,16 @@ def _fresh_run(
     # compiled or tuned per shape are ready before the clock starts
     warm = Workload(min(4, load.sessions), load.shared_prefix, 1, load.turn_tokens, load.output_tokens, load.seed + 1)
     run_policy(engine, warm, policy)
-    outcome = run_policy(engine, load, policy, expansion, window_steps, profile)
+    rate = prefill_rate(engine, min(4 * args.max_num_batched_tokens, args.max_model_len - 1))
+    result, steady = run_policy(engine, load, policy, expansion, window_steps, profile)
+    result = dataclasses.replace(
+        result, prefill_tokens_per_s=rate, cold_floor_ms=1e3 * result.cold_distinct_tokens / rate
+    )
     del engine  # its KV pool goes before the next engine allocates one
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-    return outcome
+    return result, steady
 
 
 def _line(result: PolicyResult) -> str:
@@ -368,6 +402,11 @@ def _line(result: PolicyResult) -> str:
     )
     line += f"  mix {result.decode_rows_per_step:.0f} decode rows"
     line += f" + {result.prefill_tokens_per_step:.0f} prefill tokens/step"
+    line += (
+        f"  cold burst: TTFT p90 {result.cold_ttft_p90_ms:.0f} ms, {result.cold_distinct_tokens} distinct tokens"
+        f" once at {result.prefill_tokens_per_s:.0f} tok/s = {result.cold_floor_ms:.0f} ms"
+        f" ({result.cold_ttft_p90_ms / result.cold_floor_ms:.2f}x)"
+    )
     if result.gpu_busy_share is not None:
         line += (
             f"  | {result.window_steps} steady steps: wall {result.window_wall_ms_per_step:.2f} "
