@@ -284,11 +284,13 @@ class Dispatcher:
 
     # -- failure and abort ------------------------------------------------------------------
 
-    def fail(self, tracked: Tracked, message: str, *, abort: bool = True) -> None:
-        """End the request with an error output; tell the worker holding it to drop it."""
+    def fail(self, tracked: Tracked, message: str, *, abort: bool = True, failure: APIError | None = None) -> None:
+        """End the request with an error output; tell the worker holding it to drop it.
+        `failure`: the error the client gets, when the gateway's own (default: a worker's)."""
         if tracked.done:
             return
         logger.warning("request %s failed: %s", tracked.request_id, message)
+        tracked.failure = failure
         if abort:
             self._send_abort(tracked.replica, [tracked.request_id])
         self._finish(tracked, error_output(tracked.request_id, message))

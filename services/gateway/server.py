@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
+from services.gateway.errors import ServiceUnavailable
+
 if TYPE_CHECKING:
     from services.gateway.app import Gateway
 
@@ -29,8 +31,9 @@ async def drain(gateway: Gateway, grace_s: float) -> None:
     left = list(dispatcher.requests.values())
     if left:
         logger.warning("shutting down: ending %d requests still running after %.0f s", len(left), grace_s)
+    message = f"The server is shutting down: the request did not finish within the {grace_s:.0f} s grace"
     for tracked in left:
-        dispatcher.fail(tracked, f"the server is shutting down (grace of {grace_s:.0f} s over)")
+        dispatcher.fail(tracked, message, failure=ServiceUnavailable(message, code="shutting_down"))
 
 
 class DrainingServer(uvicorn.Server):

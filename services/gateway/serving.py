@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 
+from engine.outputs import RequestOutput
 from services.gateway.deadlines import Deadlines, next_output
 from services.gateway.dispatcher import Dispatcher
 from services.gateway.errors import APIError, InternalError
@@ -68,6 +69,13 @@ def new_response_id(prefix: str) -> str:
 
 def worker_error(message: str) -> APIError:
     return InternalError(f"The request failed on a worker: {message}", code="worker_error")
+
+
+def failure_of(tracked: list[Tracked], index: int, out: RequestOutput) -> APIError:
+    """The error a client gets for a choice that ended in error: the gateway's own reason
+    where it ended the request itself (Tracked.failure), else the worker's."""
+    reason = next((t.failure for t in tracked if t.index == index and t.failure is not None), None)
+    return reason or worker_error(out.error or "aborted by the worker")
 
 
 class GenerationRunner:
@@ -197,8 +205,9 @@ class GenerationRunner:
                 index, out = item
                 state = states[index]
                 if out.finish_reason in ("error", "abort"):
-                    status = 500  # the HTTP status was 200; the request failed on a worker
-                    yield wire.failure(worker_error(out.error or "aborted by the worker"))
+                    failure = failure_of(started.tracked, index, out)
+                    status = failure.status  # the HTTP status was 200 already
+                    yield wire.failure(failure)
                     return
                 chunk = fmt.delta_chunk(index, out, state)
                 state.absorb(out)
@@ -238,7 +247,7 @@ class GenerationRunner:
                     continue
                 index, out = item
                 if out.finish_reason in ("error", "abort"):
-                    raise worker_error(out.error or "aborted by the worker")
+                    raise failure_of(tracked, index, out)
                 if out.new_token_ids:
                     inflight.started()
                 states[index].absorb(out)

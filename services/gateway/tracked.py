@@ -10,6 +10,7 @@ from typing import Literal
 from engine.handoff import Continuation
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from services.gateway.errors import APIError
 
 Stage = Literal["prefill", "transfer", "decode", "colocated", "done"]
 Sink = asyncio.Queue[tuple[int, RequestOutput]]
@@ -40,6 +41,8 @@ class Tracked:
     num_cached_tokens: int = 0
     num_prompt_tokens: int = 0
     finish_reason: str | None = None
+    # why the gateway itself ended the request (a shutdown's grace over); None: the worker's error
+    failure: APIError | None = None
     # what a migration continues from (docs/design.md §5.6)
     rng_key: int | None = None  # the gateway's key for an unseeded request; seeded: from its seed
     output_ids: list[int] = field(default_factory=list)  # token ids passed to the client so far

@@ -78,7 +78,9 @@ def test_sigterm_under_ten_streams_ends_every_stream_with_done(running: Running,
             assert not any("error" in p for p in payloads)
             assert payloads[-1]["choices"][0]["finish_reason"] == "length"
         else:
-            assert "error" in payloads[-1] and "shutting down" in payloads[-1]["error"]["message"]
+            error = payloads[-1]["error"]
+            assert "shutting down" in error["message"] and "worker" not in error["message"], error
+            assert error["code"] == "shutting_down"
     assert GRACE_S <= ended_after_s < GRACE_S + 10
     running.thread.join(30)
     assert not running.thread.is_alive()
