@@ -97,6 +97,8 @@ static inline int use_amx(int64_t group, int64_t head_dim, const int is_bf16) {
 static inline int64_t task_positions(int64_t group, int64_t head_dim, const int is_bf16) {
 #if ATTENTION_AMX
     if (use_amx(group, head_dim, is_bf16)) return AMX_ROWS / group < QUERY_BLOCK ? AMX_ROWS / group : QUERY_BLOCK;
+#else
+    (void)group, (void)head_dim, (void)is_bf16;
 #endif
     return QUERY_BLOCK;
 }
