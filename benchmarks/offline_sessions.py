@@ -6,10 +6,9 @@ against it: what the gateway, Ray and streaming add to TTFT and TPOT. The engine
 plain decoding: serve with `--speculative off` to compare like with like.
 
     python benchmarks/offline_sessions.py --model PATH [--device cuda] [--concurrency 32,128]
-        [--num-requests 256] [--warmup-requests 8] [--seed 0] [--think-time 0.5] [--system-prompt-words 600]
-        [--turns 3,8] [--max-tokens N] [--temperature 1.0] [--max-num-seqs 256]
+        [--num-requests 256] [--warmup-requests 8] [--temperature 1.0] [--max-num-seqs 256]
         [--max-model-len 8192] [--max-num-batched-tokens 2048] [--kv-cache-memory-bytes N]
-        [--output-dir DIR]
+        [--output-dir DIR] [bench's workload options: --workload agentic --seed 0 --turns 3,8 ...]
 
 Per request: the prompt is the conversation rendered by the model's chat template, as the
 gateway renders it; TTFT runs from `add_request` to the first step output with text (the
@@ -35,9 +34,10 @@ from engine.config import EngineConfig  # noqa: E402
 from engine.core import EngineCore  # noqa: E402
 from engine.outputs import RequestOutput  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
+from services.bench import add_workload_arguments, workload_config_from_args  # noqa: E402
 from services.bench.client import RequestResult  # noqa: E402
 from services.bench.report import LevelSummary, markdown_table, summarize, write_json  # noqa: E402
-from services.bench.workloads import Session, Workload, WorkloadConfig, make_workload  # noqa: E402
+from services.bench.workloads import Session, Workload, make_workload  # noqa: E402
 
 
 @dataclass
@@ -147,11 +147,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=_levels, default=(1, 8))
     parser.add_argument("--num-requests", type=int, default=64, help="requests per concurrency level")
     parser.add_argument("--warmup-requests", type=int, default=8, help="untimed, at concurrency 4, seed + 1")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--think-time", type=float, default=0.5)
-    parser.add_argument("--system-prompt-words", type=int, default=600)
-    parser.add_argument("--turns", type=_levels, default=(3, 8))
-    parser.add_argument("--max-tokens", type=int, default=None)
+    add_workload_arguments(parser)
     parser.add_argument("--temperature", type=float, default=1.0, help="pass bench the same (default: the API's 1.0)")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=8192)
@@ -159,14 +155,7 @@ def main() -> None:
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=0, help="0: the engine's default sizing")
     parser.add_argument("--output-dir", type=Path, default=Path("offline-results"))
     args = parser.parse_args()
-    turns = args.turns if len(args.turns) == 2 else (args.turns[0], args.turns[0])
-    workload_cfg = WorkloadConfig(
-        system_prompt_words=args.system_prompt_words,
-        turns_min=min(turns),
-        turns_max=max(turns),
-        think_time_s=args.think_time,
-        max_tokens=args.max_tokens,
-    )
+    workload_cfg = workload_config_from_args(args)
     config = EngineConfig(
         model=args.model,
         device=args.device,
@@ -178,10 +167,10 @@ def main() -> None:
     )
     engine = EngineCore(config)
     if args.warmup_requests:  # kernels compiled or tuned per shape are ready before the clock starts
-        warmup = make_workload("agentic", workload_cfg, args.seed + 1)
+        warmup = make_workload(args.workload, workload_cfg, args.seed + 1)
         _Level(engine, warmup, args.warmup_requests, args.temperature).run(4)
     summaries: list[LevelSummary] = []
-    workload = make_workload("agentic", workload_cfg, args.seed)  # one for every level, as in `bench`
+    workload = make_workload(args.workload, workload_cfg, args.seed)  # one for every level, as in `bench`
     for concurrency in args.concurrency:
         level = _Level(engine, workload, args.num_requests, args.temperature)
         elapsed = level.run(concurrency)
@@ -191,13 +180,13 @@ def main() -> None:
     meta = {
         "label": "offline engine",
         "model": args.model,
-        "workload": "agentic",
+        "workload": args.workload,
         "started_unix": time.time(),
         "machine": platform.platform(),
         "workload_config": vars(args) | {"output_dir": str(args.output_dir)},
         "command": " ".join(sys.argv),
     }
-    write_json(args.output_dir / "bench_agentic.json", meta, summaries)
+    write_json(args.output_dir / f"bench_{args.workload}.json", meta, summaries)
 
 
 if __name__ == "__main__":

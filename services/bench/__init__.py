@@ -40,18 +40,10 @@ def _positive_seconds(text: str) -> float:
     return seconds
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (default: %(default)s)")
-    parser.add_argument("--model", default=None, help="model id (default: the server's first model)")
-    parser.add_argument(
-        "--api-key", default=None, help="bearer token for the server; never written to the results or printed"
-    )
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the sessions are: shared by `bench` and benchmarks/offline_sessions.py, which
+    replays the same sessions through the offline engine."""
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="agentic", help="(default: %(default)s)")
-    parser.add_argument("--concurrency", type=_levels, default=(1, 8, 32), help="levels, e.g. 1,8,32")
-    bound = parser.add_mutually_exclusive_group()
-    bound.add_argument("--duration", type=float, default=None, help="seconds per concurrency level")
-    bound.add_argument("--num-requests", type=int, default=None, help="requests per concurrency level")
-    parser.add_argument("--output-dir", type=Path, default=Path("bench-results"), help="where JSON and PNG go")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--think-time", type=float, default=0.5, help="agentic: mean seconds between turns")
     parser.add_argument("--system-prompt-words", type=int, default=600, help="agentic: shared system prompt size")
@@ -60,6 +52,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-len", type=int, default=256, help="random: prompt words")
     parser.add_argument("--output-len", type=int, default=128, help="random: output tokens")
     parser.add_argument("--ignore-eos", action="store_true", help="random: send ignore_eos (server extension)")
+
+
+def workload_config_from_args(args: argparse.Namespace) -> WorkloadConfig:
+    turns = args.turns if len(args.turns) == 2 else (args.turns[0], args.turns[0])
+    return WorkloadConfig(
+        system_prompt_words=args.system_prompt_words,
+        turns_min=min(turns),
+        turns_max=max(turns),
+        think_time_s=args.think_time,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        ignore_eos=args.ignore_eos,
+        max_tokens=args.max_tokens,
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (default: %(default)s)")
+    parser.add_argument("--model", default=None, help="model id (default: the server's first model)")
+    parser.add_argument(
+        "--api-key", default=None, help="bearer token for the server; never written to the results or printed"
+    )
+    parser.add_argument("--concurrency", type=_levels, default=(1, 8, 32), help="levels, e.g. 1,8,32")
+    bound = parser.add_mutually_exclusive_group()
+    bound.add_argument("--duration", type=float, default=None, help="seconds per concurrency level")
+    bound.add_argument("--num-requests", type=int, default=None, help="requests per concurrency level")
+    parser.add_argument("--output-dir", type=Path, default=Path("bench-results"), help="where JSON and PNG go")
+    add_workload_arguments(parser)
     parser.add_argument("--request-timeout", type=float, default=600.0)
     parser.add_argument(
         "--temperature",
@@ -87,17 +107,7 @@ def run(args: argparse.Namespace) -> int:
     duration, num_requests = args.duration, args.num_requests
     if duration is None and num_requests is None:
         duration = 60.0
-    turns = args.turns if len(args.turns) == 2 else (args.turns[0], args.turns[0])
-    workload_cfg = WorkloadConfig(
-        system_prompt_words=args.system_prompt_words,
-        turns_min=min(turns),
-        turns_max=max(turns),
-        think_time_s=args.think_time,
-        input_len=args.input_len,
-        output_len=args.output_len,
-        ignore_eos=args.ignore_eos,
-        max_tokens=args.max_tokens,
-    )
+    workload_cfg = workload_config_from_args(args)
     redact = Redactor.for_run(args.api_key, args.url)
     try:
         model = args.model or asyncio.run(discover_model(args.url, args.api_key))
