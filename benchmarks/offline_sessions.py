@@ -53,7 +53,10 @@ class _Client:
 
 
 @dataclass
-class _Level:
+class ClosedLoop:
+    """One concurrency level: `run(concurrency)` clients replay sessions, each its next turn
+    after the previous reply and a think time, until `budget` requests were sent and answered."""
+
     engine: EngineCore
     workload: Workload
     budget: int
@@ -168,11 +171,11 @@ def main() -> None:
     engine = EngineCore(config)
     if args.warmup_requests:  # kernels compiled or tuned per shape are ready before the clock starts
         warmup = make_workload(args.workload, workload_cfg, args.seed + 1)
-        _Level(engine, warmup, args.warmup_requests, args.temperature).run(4)
+        ClosedLoop(engine, warmup, args.warmup_requests, args.temperature).run(4)
     summaries: list[LevelSummary] = []
     workload = make_workload(args.workload, workload_cfg, args.seed)  # one for every level, as in `bench`
     for concurrency in args.concurrency:
-        level = _Level(engine, workload, args.num_requests, args.temperature)
+        level = ClosedLoop(engine, workload, args.num_requests, args.temperature)
         elapsed = level.run(concurrency)
         summaries.append(summarize(concurrency, level.results, elapsed))
     print(markdown_table(summaries))
