@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kernels.activation import silu_and_mul
-from engine.kernels.cpu import gemm, gemv
+from engine.kernels.cpu import gemm, gemv, weight_memory
 
 ONEDNN_DTYPES = (torch.bfloat16, torch.float16)
 # oneDNN picks the packed layout for this many rows; the product is exact for any count.
@@ -163,6 +163,8 @@ def pack_module_weights(model: nn.Module, dtype: torch.dtype) -> int:
                 if getattr(tied, "reads_packed_rows", False):
                     tied.weight = parameter
         packed += 1
+    if packed:
+        weight_memory.release_freed()
     return packed
 
 
