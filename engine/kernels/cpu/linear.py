@@ -19,8 +19,9 @@ streams contiguously, and multiplied by one of:
 Our kernels take the MLP's gate/up weight packed gated and return SwiGLU's silu(gate) * up from
 the sums (`linear_swiglu`). `kernel_of` names the kernel a packed weight runs on, the same for
 the layers' Python forward and the one-call decoder stack (engine/runner/cpu_decoder_stack.py).
-The packed weight replaces the dense one, so memory does not grow; a tied embedding reads its
-rows from the LM head's packing (`embedding`). Measured on the 2-core
+The packed weight replaces the dense one, so memory does not grow (packed weights sit on
+huge pages, weight_memory.py); a tied embedding reads its rows from the LM head's packing
+(`embedding`). Measured on the 2-core
 VMs: benchmarks/cpu_packed_linear.py, benchmarks/cpu_kernels.py.
 """
 
