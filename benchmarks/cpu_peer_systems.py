@@ -59,18 +59,20 @@ def plain_read_gbs(mib: int, repeats: int = 5) -> float:
 
 def model_weight_bytes(model: CausalLM | torch.nn.Module) -> int:
     """Bytes of the parameters and persistent buffers of a runner's model (the module itself
-    where the one-call decoder stack wraps it), each storage once (a tied LM head counts once;
-    an opaque oneDNN-packed weight by its elements)."""
+    where the one-call decoder stack wraps it), each tensor's elements once (a tied LM head
+    counts once). By elements, not storages: packed weights are views of shared chunks
+    (engine/kernels/cpu/weight_memory.py)."""
     module = model.model if isinstance(model, CpuStackedLM) else model
     assert isinstance(module, torch.nn.Module), "every model family is an nn.Module"
-    seen: set[int] = set()
+    seen: set[tuple[int, int]] = set()
     total = 0
     for tensor in module.state_dict(keep_vars=True).values():
-        key = id(tensor) if tensor.is_mkldnn else tensor.untyped_storage().data_ptr()
+        nbytes = tensor.numel() * tensor.element_size()
+        key = (id(tensor) if tensor.is_mkldnn else tensor.data_ptr(), nbytes)
         if key in seen:
             continue
         seen.add(key)
-        total += tensor.numel() * tensor.element_size() if tensor.is_mkldnn else tensor.untyped_storage().nbytes()
+        total += nbytes
     return total
 
 

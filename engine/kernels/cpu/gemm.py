@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.kernels.cpu import isa
+from engine.kernels.cpu import isa, weight_memory
 from engine.kernels.cpu.build import bind, load
 
 PANEL = 32  # output columns per panel (gemm.c)
@@ -98,7 +98,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     weight = weight.detach()
     if weight.stride(1) != 1:
         weight = weight.contiguous()
-    packed = torch.empty((n // PANEL, k // 2, PANEL, 2), dtype=torch.bfloat16)
+    packed = weight_memory.empty((n // PANEL, k // 2, PANEL, 2), torch.bfloat16)
     functions["pack"](weight.data_ptr(), weight.stride(0), packed.data_ptr(), n, k, torch.get_num_threads())
     return packed
 

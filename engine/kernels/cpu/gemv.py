@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from engine.kernels.cpu import weight_memory
 from engine.kernels.cpu.build import bind, load
 
 PANEL = 32  # output columns per panel (gemv.c)
@@ -116,7 +117,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     if weight.stride(1) != 1:
         weight = weight.contiguous()
     shape = (n // PANEL, k // 2, PANEL, 2) if weight.dtype == torch.bfloat16 else (n // PANEL, k, PANEL)
-    packed = torch.empty(shape, dtype=weight.dtype)
+    packed = weight_memory.empty(shape, weight.dtype)
     functions[f"pack_{DTYPES[weight.dtype]}"](
         weight.data_ptr(), weight.stride(0), packed.data_ptr(), n, k, torch.get_num_threads()
     )

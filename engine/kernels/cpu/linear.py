@@ -19,8 +19,9 @@ streams contiguously, and multiplied by one of:
 Our kernels take the MLP's gate/up weight packed gated and return SwiGLU's silu(gate) * up from
 the sums (`linear_swiglu`). `kernel_of` names the kernel a packed weight runs on, the same for
 the layers' Python forward and the one-call decoder stack (engine/runner/cpu_decoder_stack.py).
-The packed weight replaces the dense one, so memory does not grow; a tied embedding reads its
-rows from the LM head's packing (`embedding`). Measured on the 2-core
+The packed weight replaces the dense one, so memory does not grow (packed weights sit on
+huge pages, weight_memory.py); a tied embedding reads its rows from the LM head's packing
+(`embedding`). Measured on the 2-core
 VMs: benchmarks/cpu_packed_linear.py, benchmarks/cpu_kernels.py.
 """
 
@@ -34,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kernels.activation import silu_and_mul
-from engine.kernels.cpu import gemm, gemv
+from engine.kernels.cpu import gemm, gemv, weight_memory
 
 ONEDNN_DTYPES = (torch.bfloat16, torch.float16)
 # oneDNN picks the packed layout for this many rows; the product is exact for any count.
@@ -163,6 +164,8 @@ def pack_module_weights(model: nn.Module, dtype: torch.dtype) -> int:
                 if getattr(tied, "reads_packed_rows", False):
                     tied.weight = parameter
         packed += 1
+    if packed:
+        weight_memory.release_freed()
     return packed
 
 
