@@ -47,8 +47,14 @@ done
 ((ready)) || { echo "the stack did not become ready"; tail -30 "$out/up.log"; exit 1; }
 "$python" -m services.cli bench --url "http://127.0.0.1:$port" --workload agentic --concurrency 4 \
   --num-requests 8 --temperature 0 --seed 1 --progress off --output-dir "$out/warmup" >/dev/null
+scrape() { "$python" -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$port/metrics').read().decode())"; }
+mkdir -p "$out/service"
+scrape >"$out/service/metrics-before.txt"
 "$python" -m services.cli bench --url "http://127.0.0.1:$port" "${workload[@]}" --progress off \
   --label "service" --output-dir "$out/service"
+scrape >"$out/service/metrics-after.txt"
+# the gateway's own view of the same requests (queue, prefill, TTFT), all levels together
+"$python" benchmarks/metrics_delta.py "$out/service/metrics-before.txt" "$out/service/metrics-after.txt"
 kill -TERM $up_pid
 wait $up_pid || true
 trap - EXIT
