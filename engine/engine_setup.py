@@ -165,6 +165,7 @@ def build_engine_parts(
         attention_backend=config.attention_backend,
         req_to_token=kv.table.device_table,
         req_to_token_host=kv.table.host,
+        page_size=page_size,
         spec=spec,
         options=runner_options,
     )

@@ -6,7 +6,9 @@ verify windows and drafter blocks: `max_extend_len * G <= MAX_ROWS`), the extend
 otherwise (prefill, chunked prefill). A mixed step's forward is attended as its two parts
 (AttentionMetadata.parts): its decode rows by the split-KV kernel, its chunks by the extend
 kernel; as one forward, the extend kernel would give each decode row a single program over
-its whole context (41 of a 61 ms step at 256 sessions, docs/benchmarks.md). Both kernels
+its whole context (41 of a 61 ms step at 256 sessions, docs/benchmarks.md). A forward whose
+requests share a prefix's slots (AttentionMetadata.shared) attends those keys once for all of
+them and the rest per request (shared_prefix_attention.py, docs/design.md §4.9). The kernels
 read K/V through `req_to_token`, never read the device from the host, and size their grids
 from host bounds, so a forward can be captured in a CUDA graph per batch-size bucket
 (workspace comes from the graph's memory pool).
@@ -19,6 +21,7 @@ import torch
 from engine.kernels.attention_metadata import AttentionMetadata
 from engine.kernels.triton.decode_attention import MAX_ROWS, decode_attention, split_kv_rows
 from engine.kernels.triton.extend_attention import extend_attention
+from engine.kernels.triton.shared_prefix_attention import cascade_attention
 from engine.kernels.triton.store_kv import store_kv_triton
 
 
@@ -41,6 +44,8 @@ class TritonAttentionBackend:
             out = torch.empty_like(q)
         if q.stride(-1) != 1:
             q = q.contiguous()
+        if meta.shared is not None:
+            return cascade_attention(q, k_cache, v_cache, meta, scale, out)
         if meta.parts is None:
             return _attend(q, k_cache, v_cache, meta, scale, out)
         decode_rows, chunks = meta.parts

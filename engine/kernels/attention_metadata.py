@@ -17,6 +17,10 @@ Device tensors may be one step ahead of the host: the host only promises upper b
 (`max_seq_len`, `max_extend_len`), which size grids and padded gathers. Nothing here may be
 read back to the host.
 
+A forward may also name keys that several of its requests read through the same slots
+(`shared`, a SharedPrefix): a backend may then attend those keys once for all of them and
+the rest per request (docs/design.md §4.9). The answer is the same either way.
+
 Build one per forward. On CPU the torch backend derives its gather ids and masks from a
 metadata object at the first layer and reuses them for every later call with that same
 object, so its tensors must not be rewritten in place meanwhile (CUDA graphs do rewrite
@@ -28,6 +32,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """Keys [0, P) that the sharing requests of a forward read through the same slots (a
+    shared system prompt held once by the prefix cache). For every request b with
+    `lens[b] > 0`: `lens[b] == P`, P <= seq_lens[b] - extend_lens[b] (every row of b sees all
+    of them), and `req_to_token[req_rows[b], :P] == req_to_token[table_row, :P]`."""
+
+    lens: torch.Tensor  # [B] int32: P for a request that shares the keys, 0 for one that does not
+    length: torch.Tensor  # [1] int32: P (0: nothing shared this time)
+    table_row: torch.Tensor  # [1] int32: a req_to_token row whose first P entries are those slots
+    max_length: int  # host upper bound on P: sizes the shared pass's grid
+
+    def rows(self, start: int, end: int) -> SharedPrefix:
+        """The same keys for requests [start, end) of the forward."""
+        return SharedPrefix(self.lens[start:end], self.length, self.table_row, self.max_length)
 
 
 @dataclass
@@ -50,6 +71,7 @@ class AttentionMetadata:
     # its q_start counted from n, where n = parts[0].num_tokens. A backend may attend them apart,
     # each with the kernel made for it; the whole (above) stays valid for one that does not.
     parts: tuple[AttentionMetadata, AttentionMetadata] | None = None
+    shared: SharedPrefix | None = None  # keys several requests read through the same slots
 
     @property
     def batch_size(self) -> int:

@@ -8,12 +8,13 @@ only so a benchmark can measure that cost.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from engine.kernels.attention_metadata import AttentionMetadata
+from engine.kernels.attention_metadata import AttentionMetadata, SharedPrefix
 from engine.runner.h2d import to_device
 
 
@@ -32,6 +33,7 @@ def expand_extend(
     *,
     causal: bool = True,
     host_sized_expansion: bool = True,
+    shared: SharedPrefix | None = None,
 ) -> ExtendInputs:
     """Ragged extend (prefill chunks): request b computes positions
     [prefix_lens[b], prefix_lens[b] + extend_lens[b])."""
@@ -63,6 +65,7 @@ def expand_extend(
         max_extend_len=int(extend_lens.max()),
         max_seq_len=int((prefix_lens + extend_lens).max()),
         causal=causal,
+        shared=shared,
     )
     return ExtendInputs(positions=positions, meta=meta)
 
@@ -75,6 +78,7 @@ def uniform_window(
     max_seq_len: int,
     *,
     causal: bool,
+    shared: SharedPrefix | None = None,
 ) -> ExtendInputs:
     """Every request computes `width` tokens at positions start[b] + [0, width): decode
     (width 1), the DSpark drafter block (gamma, non-causal) and verify window (W, causal).
@@ -99,15 +103,20 @@ def uniform_window(
         max_seq_len=max_seq_len,
         causal=causal,
         uniform_extend=width,
+        shared=shared,
     )
     return ExtendInputs(positions=positions_2d.reshape(-1), meta=meta)
 
 
-def concat_extend(first: ExtendInputs, second: ExtendInputs) -> ExtendInputs:
+def concat_extend(first: ExtendInputs, second: ExtendInputs, shared: SharedPrefix | None = None) -> ExtendInputs:
     """One ragged forward of `first`'s requests then `second`'s (a mixed step: the decode
-    rows' windows, then the prefill chunks). Both must be causal; bounds stay host ints."""
+    rows' windows, then the prefill chunks). Both must be causal; bounds stay host ints.
+    `shared`: keys the requests of both read through the same slots, in that order."""
     a, b = first.meta, second.meta
     assert a.causal and b.causal, "a mixed forward is causal"
+    if shared is not None:
+        a = dataclasses.replace(a, shared=shared.rows(0, a.batch_size))
+        b = dataclasses.replace(b, shared=shared.rows(a.batch_size, a.batch_size + b.batch_size))
     meta = AttentionMetadata(
         req_to_token=a.req_to_token,
         req_rows=torch.cat((a.req_rows, b.req_rows)),
@@ -122,5 +131,6 @@ def concat_extend(first: ExtendInputs, second: ExtendInputs) -> ExtendInputs:
         max_seq_len=max(a.max_seq_len, b.max_seq_len),
         causal=True,
         parts=(a, b),
+        shared=shared,
     )
     return ExtendInputs(positions=torch.cat((first.positions, second.positions)), meta=meta)

@@ -12,6 +12,11 @@ after it, the next batch without them resets the buffers to "all allowed" on the
 so a batch of no grammar rows copies nothing. Only batches whose sampling the captured body
 covers replay (greedy, no penalties, logprobs or logit bias); the others run the same body
 eagerly.
+
+Buckets of CASCADE_MIN_BATCH rows and more, when `shared_bound` is given, capture the shared
+pass of docs/design.md §4.9: the body reads a packed static buffer (P, the table row, the
+per-row lengths; engine/runner/shared_prefix_rows.py), staged before each replay, all zero
+when nothing is shared. Smaller buckets, batch 1 included, keep the plain kernels.
 """
 
 from __future__ import annotations
@@ -21,11 +26,14 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from engine.kernels.attention_metadata import SharedPrefix
 from engine.runner.grammar_rows import ALL_ALLOWED, GrammarRows, HostGrammarRows
 from engine.runner.h2d import copy_into
+from engine.runner.shared_prefix_rows import SharedRows, nothing_shared, stage, unpack
 from engine.runner.step_output import DeviceStepOutput
 
-StepBody = Callable[[torch.Tensor, torch.Tensor, GrammarRows], DeviceStepOutput]
+StepBody = Callable[[torch.Tensor, torch.Tensor, GrammarRows, SharedPrefix | None], DeviceStepOutput]
+CASCADE_MIN_BATCH = 8
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 
@@ -39,6 +47,7 @@ class GraphedStep:
         vocab_size: int,
         device: torch.device,
         buckets: tuple[int, ...] = DEFAULT_BUCKETS,
+        shared_bound: int | None = None,  # the longest context, to capture the shared pass
     ) -> None:
         self.buckets = tuple(b for b in buckets if b <= max_batch)
         if not self.buckets or self.buckets[-1] < max_batch:
@@ -48,21 +57,26 @@ class GraphedStep:
         self.rows = torch.full((size,), padding_row, dtype=torch.int64, device=device)
         self.starts = torch.zeros(size, dtype=torch.int32, device=device)
         self.grammar = GrammarRows.all_allowed(size, vocab_size, device)
+        self.shared = torch.zeros(2 + size, dtype=torch.int32, device=device)  # packed SharedRows
+        self.shared_from = CASCADE_MIN_BATCH if shared_bound is not None else None
         self._grammar_dirty = False  # the buffers hold some batch's masks
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, DeviceStepOutput] = {}
         pool = torch.cuda.graph_pool_handle()
         for bucket in reversed(self.buckets):  # largest first: smaller ones reuse its pool
             rows, starts, grammar = self.rows[:bucket], self.starts[:bucket], self.grammar[:bucket]
+            shared = None
+            if shared_bound is not None and self._captures_shared(bucket):
+                shared = unpack(self.shared[: 2 + bucket], shared_bound)
             warmup = torch.cuda.Stream(device)
             warmup.wait_stream(torch.cuda.current_stream(device))
             with torch.cuda.stream(warmup):
                 for _ in range(2):
-                    body(rows, starts, grammar)
+                    body(rows, starts, grammar, shared)
             torch.cuda.current_stream(device).wait_stream(warmup)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self._outputs[bucket] = body(rows, starts, grammar)
+                self._outputs[bucket] = body(rows, starts, grammar, shared)
             self._graphs[bucket] = graph
 
     def bucket_for(self, batch: int) -> int | None:
@@ -71,10 +85,15 @@ class GraphedStep:
                 return bucket
         return None
 
-    def replay(self, rows: np.ndarray, starts: np.ndarray, grammar: HostGrammarRows | None) -> DeviceStepOutput:
+    def _captures_shared(self, bucket: int) -> bool:
+        return self.shared_from is not None and bucket >= self.shared_from
+
+    def replay(
+        self, rows: np.ndarray, starts: np.ndarray, grammar: HostGrammarRows | None, shared: SharedRows | None = None
+    ) -> DeviceStepOutput:
         """Run the step for len(rows) requests (`grammar`: their masks, None when none has a
-        grammar); returns outputs cut to that batch, copied out of the graph's buffers (the
-        next replay overwrites them)."""
+        grammar; `shared`: the keys they share, if any); returns outputs cut to that batch,
+        copied out of the graph's buffers (the next replay overwrites them)."""
         batch = len(rows)
         bucket = self.bucket_for(batch)
         assert bucket is not None
@@ -85,6 +104,8 @@ class GraphedStep:
         copy_into(self.rows[:bucket], padded_rows)
         copy_into(self.starts[:bucket], padded_starts)
         self._stage_grammar(bucket, grammar)
+        if self._captures_shared(bucket):
+            stage(self.shared, shared or nothing_shared(batch, self.padding_row), bucket)
         self._graphs[bucket].replay()
         return self._outputs[bucket].map(lambda t: t[:batch].clone())
 

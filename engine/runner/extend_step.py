@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from engine.kernels.attention_metadata import SharedPrefix
 from engine.models.context import ForwardContext
 from engine.request import Request
 from engine.runner.batch_inputs import ExtendInputs, concat_extend, expand_extend, uniform_window
@@ -43,6 +44,14 @@ def launch_extend(runner: ModelRunner, step: ScheduledStep) -> DeviceStepOutput:
     ids = to_device(
         np.concatenate([np.asarray(c.req.fill_ids[c.start : c.end], dtype=np.int64) for c in chunks]), runner.device
     )
+    decode = step.decode
+    # Keys the forward's requests, decode rows first, read through the same slots (§4.9);
+    # each sees at least its last processed length (decode rows) or its chunk's start.
+    decode_rows = np.array([r.row for r in decode], dtype=np.int64)
+    shared_host = runner.shared_rows(
+        np.concatenate((decode_rows, rows)), np.concatenate((np.array([r.kv_len for r in decode]), starts))
+    )
+    shared = None if shared_host is None else shared_host.to_device(runner.device, shared_host.length)
     chunk_inputs = expand_extend(
         runner.req_to_token,
         rows,
@@ -50,13 +59,14 @@ def launch_extend(runner: ModelRunner, step: ScheduledStep) -> DeviceStepOutput:
         ends - starts,
         runner.device,
         host_sized_expansion=runner.options.host_sized_expansion,
+        shared=shared if not decode else None,
     )
-    decode = step.decode
     draft: Draft | None = None
     inputs = chunk_inputs
     if decode:
-        decode_inputs, decode_ids, draft = _decode_rows(runner, step)
-        inputs = concat_extend(decode_inputs, chunk_inputs)
+        decode_shared = None if shared is None else shared.rows(0, len(decode))
+        decode_inputs, decode_ids, draft = _decode_rows(runner, step, decode_rows, decode_shared)
+        inputs = concat_extend(decode_inputs, chunk_inputs, shared)
         ids = torch.cat((decode_ids, ids))
     num_decode_tokens = inputs.meta.num_tokens - chunk_inputs.meta.num_tokens
     ctx = ForwardContext(inputs.meta, runner.kv_pool, runner.backend, capture_layers=runner.capture_layers)
@@ -86,20 +96,22 @@ def launch_extend(runner: ModelRunner, step: ScheduledStep) -> DeviceStepOutput:
     return concat_rows(decode_out, chunk_out)
 
 
-def _decode_rows(runner: ModelRunner, step: ScheduledStep) -> tuple[ExtendInputs, torch.Tensor, Draft | None]:
-    """The decode rows' part of the forward: its inputs, its input tokens, and the draft it
-    verifies (None: one token per row)."""
-    rows_d = to_device(np.array([r.row for r in step.decode], dtype=np.int64), runner.device)
+def _decode_rows(
+    runner: ModelRunner, step: ScheduledStep, rows: np.ndarray, shared: SharedPrefix | None
+) -> tuple[ExtendInputs, torch.Tensor, Draft | None]:
+    """The decode rows' part of the forward (table `rows`, sharing `shared`'s keys): its
+    inputs, its input tokens, and the draft it verifies (None: one token per row)."""
+    rows_d = to_device(rows, runner.device)
     kv_before = np.array(step.kv_before, dtype=np.int32)  # upper bounds (exact without DSpark)
     max_len = int(kv_before.max())
     if runner.dspark is not None and runner.drafts_for(step.decode):
         draft = runner.dspark.propose(
-            rows_d, max_len, step.decode, runner.req_to_token, runner.last_token, runner.kv_len
+            rows_d, max_len, step.decode, runner.req_to_token, runner.last_token, runner.kv_len, shared
         )
         return draft.verify, draft.verify_ids, draft
     # DSpark's host knows only a bound on each row's length: the device has it.
     starts_d = to_device(kv_before, runner.device) if runner.dspark is None else runner.kv_len[rows_d]
-    inputs = uniform_window(runner.req_to_token, rows_d, starts_d, 1, max_len + 1, causal=True)
+    inputs = uniform_window(runner.req_to_token, rows_d, starts_d, 1, max_len + 1, causal=True, shared=shared)
     return inputs, runner.last_token[rows_d], None
 
 

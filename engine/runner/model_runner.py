@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from engine.attention import select_backend
+from engine.kernels.attention_metadata import SharedPrefix
 from engine.kv.pool import KVPool
 from engine.models.context import CausalLM, ForwardContext
 from engine.request import Request
@@ -25,10 +26,14 @@ from engine.runner.h2d import to_device
 from engine.runner.options import RunnerOptions
 from engine.runner.piecewise_graphs import PiecewiseForward
 from engine.runner.row_sampling import RowSampling
+from engine.runner.shared_prefix_rows import SharedRows, find_shared_prefix
 from engine.runner.spec_decode import SpecDecoder
 from engine.runner.step_output import DeviceStepOutput, PendingStep
 from engine.scheduler import ScheduledStep, longest_kv_within
 from engine.speculative.setup import SpecSetup
+
+Shared = SharedPrefix | None
+Output = DeviceStepOutput
 
 
 class ModelRunner:
@@ -47,6 +52,7 @@ class ModelRunner:
         attention_backend: str,
         req_to_token: torch.Tensor,
         req_to_token_host: np.ndarray,
+        page_size: int = 1,
         spec: SpecSetup | None = None,
         options: RunnerOptions | None = None,
     ) -> None:
@@ -59,6 +65,8 @@ class ModelRunner:
         self.backend = select_backend(attention_backend, device)
         self.req_to_token = req_to_token  # [max_rows, max_context] int32, device
         self.req_to_token_host = req_to_token_host  # its host mirror (the host owns it)
+        self.page_size = page_size
+        self.shared_prefix_steps = 0  # steps whose forward read a shared prefix once (§4.9)
         # One more row than requests can hold: the padding row of fixed-size batches.
         self.last_token = torch.zeros(max_rows + 1, dtype=torch.int64, device=device)
         self.kv_len = torch.zeros(max_rows + 1, dtype=torch.int32, device=device)
@@ -113,6 +121,16 @@ class ModelRunner:
 
     # -- steps ----------------------------------------------------------------------------
 
+    def shared_rows(self, rows: np.ndarray, visible: np.ndarray) -> SharedRows | None:
+        """The keys a forward's requests (table `rows`, each seeing at least `visible` keys
+        before its own rows) read through the same slots, when the backend attends them once
+        (docs/design.md §4.9); None otherwise."""
+        if not self.options.cascade_attention or self.backend.name != "triton":
+            return None
+        shared = find_shared_prefix(self.req_to_token_host, rows, visible, self.page_size)
+        self.shared_prefix_steps += shared is not None
+        return shared
+
     @torch.inference_mode()
     def launch(self, step: ScheduledStep) -> PendingStep:
         """A pure decode step takes the decode path (graph replay on GPU); a step with chunks,
@@ -149,20 +167,22 @@ class ModelRunner:
         drafting = self.drafts_for(reqs, graphable)
         graphs = self.graphs if drafting or self.dspark is None else self.graphs_without_draft
         grammar = HostGrammarRows.fill(reqs, self.vocab_size)
+        shared = self.shared_rows(rows, np.array([r.kv_len for r in reqs]))  # kv_len: a lower bound
         if graphs is not None and graphable and graphs.bucket_for(len(reqs)) is not None:
-            return PendingStep(graphs.replay(rows, starts, grammar), self.copy_stream)
+            return PendingStep(graphs.replay(rows, starts, grammar, shared), self.copy_stream)
         rows_d = to_device(rows, self.device)
         starts_d = to_device(starts, self.device)
         grammar_d = None if grammar is None else grammar.to_device(self.device)
+        shared_d = None if shared is None else shared.to_device(self.device, shared.length)
         max_len = int(starts.max())
         if self.dspark is None:
-            outputs = self._plain_decode(rows_d, starts_d, max_len + 1, reqs, grammar_d)
+            outputs = self._plain_decode(rows_d, starts_d, max_len + 1, reqs, grammar_d, shared_d)
         elif drafting:
             outputs = self.dspark.step(
-                rows_d, max_len, reqs, self.req_to_token, self.last_token, self.kv_len, grammar_d
+                rows_d, max_len, reqs, self.req_to_token, self.last_token, self.kv_len, grammar_d, shared_d
             )
         else:  # DSpark's host knows only a bound on each row's length: the device has it
-            outputs = self._plain_decode(rows_d, self.kv_len[rows_d], max_len + 1, reqs, grammar_d)
+            outputs = self._plain_decode(rows_d, self.kv_len[rows_d], max_len + 1, reqs, grammar_d, shared_d)
         return PendingStep(outputs, self.copy_stream)
 
     def _plain_decode(
@@ -172,13 +192,14 @@ class ModelRunner:
         max_seq_len: int,
         reqs: list[Request],
         grammar: GrammarRows | None,
+        shared: SharedPrefix | None,
     ) -> DeviceStepOutput:
         """One token per row at position starts_d[b] [B] int32, under `grammar`'s masks where
         given. `reqs` empty: greedy without penalties or logprobs (the captured variant).
         With DSpark (a batch over its cap) the drafter's layers are captured and the token's
         KV injected into the draft pool, and the token is sampled exactly as plain decoding
         samples it."""
-        inputs = uniform_window(self.req_to_token, rows_d, starts_d, 1, max_seq_len, causal=True)
+        inputs = uniform_window(self.req_to_token, rows_d, starts_d, 1, max_seq_len, causal=True, shared=shared)
         ctx = ForwardContext(inputs.meta, self.kv_pool, self.backend, capture_layers=self.capture_layers)
         hidden = self.model(self.last_token[rows_d], inputs.positions, ctx)  # [B, H]
         aux = ctx.aux_hidden()
@@ -195,30 +216,37 @@ class ModelRunner:
             with torch.inference_mode():
                 self.piecewise = PiecewiseForward(self.model, self.capture_layers, max_tokens, self.device)
         vocab = self.vocab_size
+        # Larger buckets capture the shared pass of docs/design.md §4.9, sized for any context.
+        cascade = self.options.cascade_attention and self.backend.name == "triton"
+        shared_bound = max_context if cascade else None
         if self.dspark is None:
 
-            def body(rows_d: torch.Tensor, starts_d: torch.Tensor, grammar: GrammarRows) -> DeviceStepOutput:
-                return self._plain_decode(rows_d, starts_d, max_context, [], grammar)
+            def body(rows_d: torch.Tensor, starts_d: torch.Tensor, grammar: GrammarRows, shared: Shared) -> Output:
+                return self._plain_decode(rows_d, starts_d, max_context, [], grammar, shared)
 
             with torch.inference_mode():
-                self.graphs = GraphedStep(body, max_batch, padding_row, vocab, self.device)
+                self.graphs = GraphedStep(body, max_batch, padding_row, vocab, self.device, shared_bound=shared_bound)
             return
 
         dspark = self.dspark
         max_len = longest_kv_within(max_context, dspark.setup.window)
 
-        def drafted(rows_d: torch.Tensor, starts_d: torch.Tensor, grammar: GrammarRows) -> DeviceStepOutput:
-            return dspark.step(rows_d, max_len, [], self.req_to_token, self.last_token, self.kv_len, grammar)
+        def drafted(rows_d: torch.Tensor, starts_d: torch.Tensor, grammar: GrammarRows, shared: Shared) -> Output:
+            return dspark.step(rows_d, max_len, [], self.req_to_token, self.last_token, self.kv_len, grammar, shared)
 
-        def undrafted(rows_d: torch.Tensor, starts_d: torch.Tensor, grammar: GrammarRows) -> DeviceStepOutput:
-            return self._plain_decode(rows_d, self.kv_len[rows_d], max_context, [], grammar)
+        def undrafted(rows_d: torch.Tensor, starts_d: torch.Tensor, grammar: GrammarRows, shared: Shared) -> Output:
+            return self._plain_decode(rows_d, self.kv_len[rows_d], max_context, [], grammar, shared)
 
         limit = dspark.setup.max_batch_size
         with torch.inference_mode():
-            self.graphs = GraphedStep(drafted, min(max_batch, limit or max_batch), padding_row, vocab, self.device)
+            self.graphs = GraphedStep(
+                drafted, min(max_batch, limit or max_batch), padding_row, vocab, self.device, shared_bound=shared_bound
+            )
             if limit is not None and limit < max_batch:
                 above = tuple(b for b in DEFAULT_BUCKETS if b > limit)  # the smaller ones never replay
-                self.graphs_without_draft = GraphedStep(undrafted, max_batch, padding_row, vocab, self.device, above)
+                self.graphs_without_draft = GraphedStep(
+                    undrafted, max_batch, padding_row, vocab, self.device, above, shared_bound=shared_bound
+                )
 
 
 def _replays(graphs: GraphedStep | None, reqs: list[Request]) -> bool:

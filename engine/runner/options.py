@@ -22,6 +22,9 @@ class RunnerOptions:
     # False: prefill and mixed forwards launch every kernel eagerly instead of replaying the
     # piecewise graphs of engine/runner/piecewise_graphs.py (GPU; what the graphs save).
     piecewise_extend_graphs: bool = True
+    # False: requests that share a prefix's slots each read it in their own attention,
+    # instead of one shared pass for all of them (Triton backend; docs/design.md §4.9).
+    cascade_attention: bool = True
     # Replaces DSpark's acceptance after the verify forward (a benchmark forcing accept
     # lengths); None: the lossless rule of engine/speculative/accept.py.
     accept_rule: AcceptRule | None = None

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import torch
 
 from engine.attention.backend import AttentionBackend
+from engine.kernels.attention_metadata import SharedPrefix
 from engine.kv.pool import KVPool
 from engine.models.context import CausalLM, ForwardContext
 from engine.request import Request
@@ -79,6 +80,7 @@ class SpecDecoder:
         last_token: torch.Tensor,
         kv_len: torch.Tensor,
         grammar: GrammarRows | None = None,
+        shared: SharedPrefix | None = None,
     ) -> DeviceStepOutput:
         """Launch draft → verify → accept → commit for the rows `rows_d` [B]; returns the
         fixed-shape device outputs to copy to the host. `max_len` bounds every row's KV
@@ -86,8 +88,9 @@ class SpecDecoder:
         buffers, updated in place. `reqs` carry the sampling facts the host knows; an empty
         list means greedy rows without penalties or logprobs (what a CUDA graph captures).
         `grammar`: the rows' grammar masks (a captured step's static buffers), else filled
-        from `reqs`."""
-        draft = self.propose(rows_d, max_len, reqs, req_to_token, last_token, kv_len)
+        from `reqs`. `shared`: keys the rows read through the same slots (docs/design.md §4.9),
+        in the draft pool as in the target's."""
+        draft = self.propose(rows_d, max_len, reqs, req_to_token, last_token, kv_len, shared)
         capture = self.setup.capture_layers
         ctx = ForwardContext(draft.verify.meta, self.target_pool, self.backend, capture_layers=capture)
         hidden = self.model(draft.verify_ids, draft.verify.positions, ctx)  # [B*W, H]
@@ -103,6 +106,7 @@ class SpecDecoder:
         req_to_token: torch.Tensor,
         last_token: torch.Tensor,
         kv_len: torch.Tensor,
+        shared: SharedPrefix | None = None,
     ) -> Draft:
         """Draft gamma tokens per row and lay out the verify window the target runs next
         (alone, or ahead of prefill chunks in a mixed step)."""
@@ -113,7 +117,7 @@ class SpecDecoder:
         all_greedy = all(r.params.greedy for r in reqs)
 
         # 1. Draft: [anchor, mask x (gamma-1)] at seq_len + [0, gamma), non-causal.
-        block = uniform_window(req_to_token, rows_d, seq_lens, gamma, max_len + gamma, causal=False)
+        block = uniform_window(req_to_token, rows_d, seq_lens, gamma, max_len + gamma, causal=False, shared=shared)
         block_ctx = ForwardContext(block.meta, self.draft_pool, self.backend)
         temperature = self.sampling.temperature(rows_d)
         keys = self.sampling.keys(rows_d)
@@ -128,7 +132,7 @@ class SpecDecoder:
         )
         drafts = proposal.draft_tokens  # [B, gamma]
         # 2. The verify window: [anchor, drafts] at seq_len + [0, W), causal.
-        verify = uniform_window(req_to_token, rows_d, seq_lens, width, max_len + width, causal=True)
+        verify = uniform_window(req_to_token, rows_d, seq_lens, width, max_len + width, causal=True, shared=shared)
         verify_ids = torch.cat((anchor[:, None], drafts), dim=1).reshape(-1)  # [B*W]
         return Draft(rows_d, seq_lens, drafts, proposal.draft_logits, temperature, keys, verify, verify_ids)
 

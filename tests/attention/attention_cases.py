@@ -5,7 +5,9 @@ or 16) shared by the requests, a `req_to_token` table whose rows are permuted an
 unused entries are garbage (negative or past the pool), caches whose unused rows and sink
 are NaN (a kernel that reads outside the request's keys fails loudly), new K/V as strided
 views of one fused projection, and some `out_slots` set to -1 (their old cache content
-must then be attended instead).
+must then be attended instead). With `shared_len`, the sharing requests read their first
+`shared_len` keys through the same pages (a prefix-cache hit) and the forward says so
+(`AttentionMetadata.shared`, whose table row is a spare row holding only those slots).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.kernels.attention_metadata import AttentionMetadata
+from engine.kernels.attention_metadata import AttentionMetadata, SharedPrefix
 
 
 @dataclass
@@ -91,9 +93,13 @@ def make_case(
     skip_fraction: float = 0.2,
     uniform: bool = False,
     bound_slack: int = 3,
+    shared_len: int = 0,
+    sharing: list[bool] | None = None,
 ) -> AttentionCase:
     """One forward; `bound_slack` loosens the host bounds (max_seq_len, max_extend_len)
-    beyond the true maxima, as a step-ahead host would."""
+    beyond the true maxima, as a step-ahead host would. `shared_len` (a multiple of
+    `page_size`): requests with `sharing[b]` (default: every request whose prefix holds
+    that many keys) share the pages of their first `shared_len` positions."""
     gen = torch.Generator().manual_seed(seed)
     batch = len(extend_lens)
     seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens, strict=True)]
@@ -108,8 +114,14 @@ def make_case(
     req_rows = torch.randperm(max_reqs, generator=gen)[:batch]
     # garbage everywhere a request does not use, including out-of-range ids
     req_to_token = torch.randint(-3, 2 * num_slots + 7, (max_reqs, max_ctx), generator=gen, dtype=torch.int32)
+    assert shared_len % page_size == 0, "shared pages are whole pages"
+    if sharing is None:
+        sharing = [shared_len > 0 and p >= shared_len for p in prefix_lens]
+    assert all(p >= shared_len for p, s in zip(prefix_lens, sharing, strict=True) if s)
+    shared_pages = [page_order.pop() for _ in range(shared_len // page_size)] if any(sharing) else []
     for b, seq in enumerate(seq_lens):
-        pages = [page_order.pop() for _ in range(math.ceil(seq / page_size))]
+        own = math.ceil(seq / page_size) - (len(shared_pages) if sharing[b] else 0)
+        pages = (shared_pages if sharing[b] else []) + [page_order.pop() for _ in range(own)]
         positions = torch.arange(seq)
         slots = torch.tensor(pages, dtype=torch.int64)[positions // page_size] * page_size + positions % page_size
         req_to_token[req_rows[b], :seq] = slots.to(torch.int32)
@@ -136,6 +148,21 @@ def make_case(
     k = k.view(num_tokens, num_kv_heads, head_dim)
     v = v.view(num_tokens, num_kv_heads, head_dim)
 
+    shared = None
+    if shared_len > 0:
+        spare_row = next(r for r in range(max_reqs) if r not in req_rows.tolist())
+        if shared_pages:
+            positions = torch.arange(shared_len)
+            slots = torch.tensor(shared_pages, dtype=torch.int64)[positions // page_size] * page_size
+            req_to_token[spare_row, :shared_len] = (slots + positions % page_size).to(torch.int32)
+        lens = torch.tensor([shared_len if s else 0 for s in sharing], dtype=torch.int32)
+        shared = SharedPrefix(
+            lens=lens.to(device),
+            length=torch.tensor([shared_len if shared_pages else 0], dtype=torch.int32, device=device),
+            table_row=torch.tensor([spare_row], dtype=torch.int64, device=device),
+            max_length=max_seq + bound_slack,
+        )
+
     uniform_extend = None
     max_extend = max(extend_lens + [0])
     if uniform:
@@ -155,6 +182,7 @@ def make_case(
         max_seq_len=max_seq + bound_slack,
         causal=causal,
         uniform_extend=uniform_extend,
+        shared=shared,
     )
     return AttentionCase(
         q=q.to(device, dtype),

@@ -63,6 +63,7 @@ import engine.attention.triton_backend as triton_backend  # noqa: E402
 import engine.kernels.store_kv as store_kv_module  # noqa: E402
 import engine.kernels.triton.decode_attention as triton_decode  # noqa: E402
 import engine.kernels.triton.extend_attention as triton_extend  # noqa: E402
+import engine.kernels.triton.shared_prefix_attention as triton_shared  # noqa: E402
 from engine.attention import TorchAttentionBackend, select_backend  # noqa: E402
 from engine.kernels.attention_metadata import AttentionMetadata  # noqa: E402
 from engine.kernels.triton.decode_attention import MAX_ROWS  # noqa: E402
@@ -173,15 +174,16 @@ def mixed_parts(meta: AttentionMetadata, num_decode_reqs: int) -> AttentionMetad
     n = int(meta.q_start[num_decode_reqs])
     width = int(meta.extend_lens[0])
     d = num_decode_reqs
+    shared = meta.shared
     decode_rows = AttentionMetadata(
         meta.req_to_token, meta.req_rows[:d], meta.seq_lens[:d], meta.extend_lens[:d], meta.q_start[:d],
         meta.out_slots[:n], meta.token_req[:n], meta.token_offset[:n], n, width, meta.max_seq_len,
-        uniform_extend=width,
+        uniform_extend=width, shared=None if shared is None else shared.rows(0, d),
     )  # fmt: skip
     chunks = AttentionMetadata(
         meta.req_to_token, meta.req_rows[d:], meta.seq_lens[d:], meta.extend_lens[d:], meta.q_start[d:] - n,
         meta.out_slots[n:], meta.token_req[n:] - d, meta.token_offset[n:], meta.num_tokens - n,
-        meta.max_extend_len, meta.max_seq_len,
+        meta.max_extend_len, meta.max_seq_len, shared=None if shared is None else shared.rows(d, meta.batch_size),
     )  # fmt: skip
     return dataclasses.replace(meta, parts=(decode_rows, chunks))
 
@@ -208,6 +210,49 @@ def test_a_mixed_forward_attends_its_parts_with_their_own_kernels(group: int, se
     n = decode_rows.num_tokens
     chunk_kernel = "decode_attention" if triton_decode.split_kv_rows(chunks, group) <= MAX_ROWS else "extend_attention"
     assert calls == [("decode_attention", n), (chunk_kernel, case.meta.num_tokens - n)]
+
+
+# (extend lens, prefix lens, causal, uniform, sharing): requests whose first 32 keys lie in
+# the same pages, and some that do not share them (their own pages, or too short a prefix).
+CASCADE_CASES = {
+    "decode": ([1] * 5, [40, 33, 32, 50, 7], True, True, [True, True, True, False, False]),
+    "verify": ([4] * 4, [35, 60, 32, 44], True, True, None),
+    "drafter": ([3] * 3, [32, 47, 40], False, True, None),
+    "prefill": ([20, 37, 1, 5], [32, 40, 0, 70], True, False, None),
+    "nothing-shared": ([1] * 3, [40, 50, 33], True, True, [False, False, False]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASCADE_CASES))
+@pytest.mark.parametrize(("group", "page_size"), [(3, 16), (4, 1)])
+def test_shared_prefix_attention(name: str, group: int, page_size: int, seed: int):
+    """The shared keys once for all sharing rows, the rest per request, merged: the reference's
+    answer for every forward kind, whichever kernel attends the own keys."""
+    extend, prefix, causal, uniform, sharing = CASCADE_CASES[name]
+    hq, hkv = GQA[group]
+    case = make_case(
+        seed, extend, prefix, num_q_heads=hq, num_kv_heads=hkv, page_size=page_size, causal=causal,
+        uniform=uniform, shared_len=32, sharing=sharing,
+    )  # fmt: skip
+    k_cache, v_cache = stored(case)
+    out = triton_shared.cascade_attention(case.q, k_cache, v_cache, case.meta, case.scale, poisoned(case))
+    check(case, out)
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_a_mixed_forward_reads_its_shared_prefix_once(group: int, seed: int):
+    """A mixed forward's decode windows and chunks share one shared pass, then each part's own
+    kernel; through the backend as the model calls it."""
+    hq, hkv = GQA[group]
+    case = make_case(
+        seed, [4, 4, 4, 30, 9], [40, 33, 48, 32, 64], num_q_heads=hq, num_kv_heads=hkv, page_size=16, shared_len=32,
+    )  # fmt: skip
+    meta = mixed_parts(case.meta, 3)
+    k_cache, v_cache = case.clone_caches()
+    out = triton_backend.TritonAttentionBackend().forward(
+        case.q, case.k, case.v, k_cache, v_cache, meta, case.scale, out=poisoned(case)
+    )
+    check(case, out)
 
 
 def test_empty_request_rows_are_zero(seed: int):

@@ -72,6 +72,28 @@ def test_triton_matches_torch_at_model_shapes(model, extend, prefix, uniform, ca
     triton_vs_torch(case)
 
 
+@pytest.mark.parametrize("model", ["llama3-8b", "smollm2", "d256"])
+@pytest.mark.parametrize(
+    ("extend", "prefix", "uniform", "causal", "shared_len"),
+    [
+        ([1] * 40, [2048 + 13 * i for i in range(40)], True, True, 2048),  # agentic decode rows
+        ([8] * 12, [1024 + 37 * i for i in range(12)], True, True, 896),  # DSpark verify windows
+        ([7] * 12, [1024 + 37 * i for i in range(12)], True, False, 1024),  # drafter blocks
+        ([1] * 30 + [200, 64, 300], [2100 + 7 * i for i in range(30)] + [2048, 2300, 2048], False, True, 2048),
+    ],
+    ids=["decode40", "verify", "drafter", "mixed-rows"],
+)
+def test_shared_prefix_pass_matches_torch_at_model_shapes(model, extend, prefix, uniform, causal, shared_len):
+    """The cascade (docs/design.md §4.9) with the GPU's own tiles, every row sharing."""
+    hq, hkv, d = MODELS[model]
+    case = make_case(
+        len(extend) + d, extend, prefix, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=16,
+        causal=causal, dtype=torch.bfloat16, device="cuda", uniform=uniform, shared_len=shared_len,
+    )  # fmt: skip
+    assert case.meta.shared is not None and int(case.meta.shared.lens.min()) == shared_len
+    triton_vs_torch(case)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("scenario", ["decode", "verify", "drafter", "ragged-causal", "ragged-noncausal"])
 def test_triton_matches_float64_loop(scenario, dtype, seed):

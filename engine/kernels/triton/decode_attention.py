@@ -12,8 +12,11 @@ the output itself.
 
 Split sizes are per request, computed on the device from `seq_lens`: every split of request
 b covers `ceil(seq_len_b / S)` keys (rounded to BLOCK_N), so short and long requests in one
-batch both use all S programs. The number of splits S comes from host bounds only (batch,
-`max_seq_len`, SM count), so the grid is fixed for a CUDA graph of a batch-size bucket.
+batch both use all S programs. Under a shared prefix (AttentionMetadata.shared) request b's
+splits cover only its own keys, from `shared.lens[b]` on, and always write partials: the
+shared keys come from shared_prefix_attention.py and one merge combines both. The number of
+splits S comes from host bounds only (batch, `max_seq_len`, SM count), so the grid is fixed
+for a CUDA graph of a batch-size bucket.
 
 Reference: engine.kernels.attention.paged_attention_torch.
 """
@@ -47,6 +50,7 @@ def _split_kv_kernel(
     seq_lens_ptr,
     extend_lens_ptr,
     q_start_ptr,
+    shared_lens_ptr,  # [B] int32: keys before this are another kernel's (HAS_SHARED)
     out_ptr,
     partial_o_ptr,  # [T, Hq, S, D] fp32, unused when DIRECT_OUT
     partial_lse_ptr,  # [T, Hq, S] fp32 (log2 domain)
@@ -71,6 +75,7 @@ def _split_kv_kernel(
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
     DIRECT_OUT: tl.constexpr,
+    HAS_SHARED: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
     req = tl.program_id(0)
@@ -96,8 +101,11 @@ def _split_kv_kernel(
         other=0.0,
     )
 
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
-    kv_begin = split * split_len
+    kv_start = 0
+    if HAS_SHARED:
+        kv_start = tl.load(shared_lens_ptr + req)
+    split_len = tl.cdiv(tl.cdiv(seq_len - kv_start, num_splits), BLOCK_N) * BLOCK_N
+    kv_begin = kv_start + split * split_len
     kv_end = tl.minimum(kv_begin + split_len, seq_len)
     last_key = prefix_len + query_j  # causal: the last key each row may see
 
@@ -167,7 +175,7 @@ def _merge_splits_kernel(
 
 
 @functools.lru_cache(maxsize=8)
-def _num_sms(device: torch.device) -> int:
+def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 4  # the interpreter on CPU: a few splits, so tests cover the merge
@@ -177,7 +185,7 @@ def num_kv_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch
     """Splits per (request, kv head): enough programs to fill the device ~4 times over, and
     no split shorter than MIN_SPLIT_TOKENS at `max_seq_len`. Host ints only."""
     by_length = triton.cdiv(max(max_seq_len, 1), MIN_SPLIT_TOKENS)
-    by_occupancy = triton.cdiv(4 * _num_sms(device), max(batch * num_kv_heads, 1))
+    by_occupancy = triton.cdiv(4 * num_sms(device), max(batch * num_kv_heads, 1))
     return max(1, min(MAX_SPLITS, by_length, by_occupancy))
 
 
@@ -197,31 +205,67 @@ def decode_attention(
     num_splits: int | None = None,  # None: num_kv_splits(...)
     block_n: int | None = None,
 ) -> torch.Tensor:
-    """Split-KV attention for forwards with `split_kv_rows(meta, G) <= MAX_ROWS`."""
+    """Split-KV attention for forwards with `split_kv_rows(meta, G) <= MAX_ROWS` (every key;
+    `meta.shared` is for shared_prefix_attention.py)."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    if num_tokens == 0 or meta.batch_size == 0:
+        return out
+    if num_splits is None:
+        num_splits = num_kv_splits(meta.batch_size, k_cache.shape[1], meta.max_seq_len, q.device)
+    if num_splits == 1:
+        placeholder = q.new_empty(1, dtype=torch.float32)  # never touched
+        _launch(q, k_cache, v_cache, meta, scale, out, placeholder, placeholder, 1, block_n, shared=False)
+        return out
+    partial_o = torch.empty(num_tokens, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+    partial_lse = torch.empty(num_tokens, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+    _launch(q, k_cache, v_cache, meta, scale, out, partial_o, partial_lse, num_splits, block_n, shared=False)
+    return merge_splits(partial_o, partial_lse, out)
+
+
+def split_kv_partials(
+    q: torch.Tensor,  # [T, Hq, D], last dim contiguous
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,  # with `shared`: each request's keys from shared.lens[b] on
+    scale: float,
+    partial_o: torch.Tensor,  # [T, Hq, >= S, D] fp32 view: splits [0, S) are written
+    partial_lse: torch.Tensor,  # [T, Hq, >= S] fp32 view, log2 domain
+    num_splits: int,
+    block_n: int | None = None,
+) -> None:
+    """The split-KV kernel's partial outputs only, for a caller that merges them with others."""
+    if q.shape[0] == 0 or meta.batch_size == 0:
+        return
+    assert meta.shared is not None, "partials without shared keys: use decode_attention"
+    _launch(q, k_cache, v_cache, meta, scale, q, partial_o, partial_lse, num_splits, block_n, shared=True)
+
+
+def _launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    out: torch.Tensor,  # written when num_splits == 1 and not `shared`
+    partial_o: torch.Tensor,
+    partial_lse: torch.Tensor,
+    num_splits: int,
+    block_n: int | None,
+    shared: bool,
+) -> None:
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_q_heads // num_kv_heads
-    batch = meta.batch_size
     rows = split_kv_rows(meta, group)
     if rows > MAX_ROWS:
         raise ValueError(f"decode_attention holds at most {MAX_ROWS} query rows per program, got {rows}")
-    if num_tokens == 0 or batch == 0:
-        return out
-    if num_splits is None:
-        num_splits = num_kv_splits(batch, num_kv_heads, meta.max_seq_len, q.device)
     if block_n is None:
         block_n = 64 if head_dim <= 128 else 32
-    block_d = max(16, triton.next_power_of_2(head_dim))  # tl.dot needs K >= 16
-    direct = num_splits == 1
-    if direct:
-        partial_o = partial_lse = q.new_empty(1, dtype=torch.float32)  # placeholder, never touched
-        stride_pt = stride_ph = stride_ps = 0
-    else:
-        partial_o = torch.empty(num_tokens, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-        partial_lse = torch.empty(num_tokens, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
-        stride_pt, stride_ph, stride_ps = partial_lse.stride()
+    direct = num_splits == 1 and not shared
+    stride_pt, stride_ph, stride_ps = (0, 0, 0) if direct else partial_lse.stride()
+    shared_lens = meta.shared.lens if shared and meta.shared is not None else meta.seq_lens  # unread unless shared
     precision = "ieee" if q.dtype == torch.float32 else None  # None: the target default (tf32 is not on ROCm)
-    _split_kv_kernel[(batch, num_kv_heads, num_splits)](
+    _split_kv_kernel[(meta.batch_size, num_kv_heads, num_splits)](
         q,
         k_cache,
         v_cache,
@@ -230,6 +274,7 @@ def decode_attention(
         meta.seq_lens,
         meta.extend_lens,
         meta.q_start,
+        shared_lens,
         out,
         partial_o,
         partial_lse,
@@ -249,29 +294,39 @@ def decode_attention(
         stride_ps,
         GROUP=group,
         HEAD_DIM=head_dim,
-        BLOCK_D=block_d,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),  # tl.dot needs K >= 16
         BLOCK_R=max(16, triton.next_power_of_2(rows)),
         BLOCK_N=block_n,
         CAUSAL=meta.causal,
         DIRECT_OUT=direct,
+        HAS_SHARED=shared,
         INPUT_PRECISION=precision,
         num_warps=4,
         num_stages=2,
     )
-    if not direct:
-        _merge_splits_kernel[(num_tokens, num_q_heads)](
-            partial_o,
-            partial_lse,
-            out,
-            num_splits,
-            stride_pt,
-            stride_ph,
-            stride_ps,
-            out.stride(0),
-            out.stride(1),
-            HEAD_DIM=head_dim,
-            BLOCK_D=block_d,
-            BLOCK_S=triton.next_power_of_2(num_splits),
-            num_warps=4,
-        )
+
+
+def merge_splits(
+    partial_o: torch.Tensor,  # [T, Hq, S, D] fp32, contiguous
+    partial_lse: torch.Tensor,  # [T, Hq, S] fp32, contiguous; -inf for an empty split
+    out: torch.Tensor,  # [T, Hq, D]
+) -> torch.Tensor:
+    """out[t, h] = the splits' outputs weighted by their share of the softmax sum."""
+    num_tokens, num_q_heads, num_splits, head_dim = partial_o.shape
+    stride_pt, stride_ph, stride_ps = partial_lse.stride()
+    _merge_splits_kernel[(num_tokens, num_q_heads)](
+        partial_o,
+        partial_lse,
+        out,
+        num_splits,
+        stride_pt,
+        stride_ph,
+        stride_ps,
+        out.stride(0),
+        out.stride(1),
+        HEAD_DIM=head_dim,
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_S=triton.next_power_of_2(num_splits),
+        num_warps=4,
+    )
     return out

@@ -10,6 +10,10 @@ masks; the causal diagonal (and the ragged end of the request) is walked after, 
 The grid is (B, Hkv, cdiv(max_extend_len * G, BLOCK_M)) from host bounds; programs past a
 request's own extend exit at once. Causal blocks are scheduled longest first.
 
+Under a shared prefix (AttentionMetadata.shared) request b walks only its own keys, from
+`shared.lens[b]` on, and writes a partial output and its log-sum-exp (one split of the
+layout decode_attention.merge_splits reads); shared_prefix_attention.py adds the rest.
+
 Reference: engine.kernels.attention.paged_attention_torch.
 """
 
@@ -37,7 +41,10 @@ def _extend_kernel(
     seq_lens_ptr,
     extend_lens_ptr,
     q_start_ptr,
-    out_ptr,
+    shared_lens_ptr,  # [B] int32: keys before this are another kernel's (SHARED)
+    out_ptr,  # [T, Hq, D]; unused when SHARED
+    partial_o_ptr,  # [T, Hq, S, D] fp32 at this kernel's split (SHARED)
+    partial_lse_ptr,  # [T, Hq, S] fp32 at this kernel's split, log2 domain (SHARED)
     scale_log2e,
     stride_qt,
     stride_qh,
@@ -48,12 +55,15 @@ def _extend_kernel(
     stride_r2t,
     stride_ot,
     stride_oh,
+    stride_pt,
+    stride_ph,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr,
+    SHARED: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
 ):
     req = tl.program_id(0)
@@ -82,6 +92,9 @@ def _extend_kernel(
     )
 
     last_key = prefix_len + query_j
+    kv_start = 0
+    if SHARED:
+        kv_start = tl.load(shared_lens_ptr + req)
     if CAUSAL:
         # keys < prefix + first_j + 1 are visible to every row of the block
         first_j = (block * BLOCK_M) // GROUP
@@ -91,12 +104,12 @@ def _extend_kernel(
     else:
         unmasked_end = seq_len
         kv_end = seq_len
-    unmasked_end = (unmasked_end // BLOCK_N) * BLOCK_N
+    unmasked_end = kv_start + (tl.maximum(unmasked_end - kv_start, 0) // BLOCK_N) * BLOCK_N
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(0, unmasked_end, BLOCK_N):
+    for start in range(kv_start, unmasked_end, BLOCK_N):
         acc, m_i, l_i = attend_tile(
             q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
             stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, last_key, kv_end,
@@ -110,11 +123,19 @@ def _extend_kernel(
         )  # fmt: skip
 
     o = normalize(acc, l_i)
-    tl.store(
-        out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
-        o.to(out_ptr.dtype.element_ty),
-        mask=row_valid[:, None] & dim_valid[None, :],
-    )
+    if SHARED:
+        partial = token * stride_pt + head * stride_ph
+        written = row_valid[:, None] & dim_valid[None, :]
+        tl.store(partial_o_ptr + partial[:, None] * HEAD_DIM + dims[None, :], o, mask=written)
+        empty = l_i == 0.0
+        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+        tl.store(partial_lse_ptr + partial, lse, mask=row_valid)
+    else:
+        tl.store(
+            out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=row_valid[:, None] & dim_valid[None, :],
+        )
 
 
 def _default_blocks(head_dim: int, rows: int, device: torch.device) -> tuple[int, int, int]:
@@ -139,8 +160,12 @@ def extend_attention(
     out: torch.Tensor,  # [T, Hq, D]
     block_m: int | None = None,
     block_n: int | None = None,
+    partials: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Ragged prefill/extend attention, causal or not (K/V already stored in the cache)."""
+    """Ragged prefill/extend attention, causal or not (K/V already stored in the cache).
+    `partials` (with `meta.shared`): views `([T, Hq, S, D], [T, Hq, S])` fp32 whose split 0
+    receives each row's output over its request's own keys and their log-sum-exp (log2),
+    instead of `out`."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_q_heads // num_kv_heads
@@ -153,6 +178,15 @@ def extend_attention(
     block_m = block_m or default_m
     block_n = block_n or default_n
     precision = "ieee" if q.dtype == torch.float32 else None  # None: the target default (tf32 is not on ROCm)
+    shared = partials is not None
+    if partials is not None:
+        assert meta.shared is not None, "partials are the own keys' share of a shared prefix"
+        partial_o, partial_lse = partials
+        shared_lens = meta.shared.lens
+        stride_pt, stride_ph = partial_lse.stride(0), partial_lse.stride(1)
+    else:
+        partial_o = partial_lse = shared_lens = meta.seq_lens  # unread
+        stride_pt = stride_ph = 0
     _extend_kernel[(batch, num_kv_heads, triton.cdiv(rows, block_m))](
         q,
         k_cache,
@@ -162,7 +196,10 @@ def extend_attention(
         meta.seq_lens,
         meta.extend_lens,
         meta.q_start,
+        shared_lens,
         out,
+        partial_o,
+        partial_lse,
         scale * LOG2E,
         q.stride(0),
         q.stride(1),
@@ -173,12 +210,15 @@ def extend_attention(
         meta.req_to_token.stride(0),
         out.stride(0),
         out.stride(1),
+        stride_pt,
+        stride_ph,
         GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),  # tl.dot needs K >= 16
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         CAUSAL=meta.causal,
+        SHARED=shared,
         INPUT_PRECISION=precision,
         num_warps=warps,
         num_stages=2,
