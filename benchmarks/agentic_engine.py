@@ -3,7 +3,8 @@
     python benchmarks/agentic_engine.py [--device cpu|cuda] [--model smollm2-135m|PATH|random-llama3-8b]
         [--sessions 8,16] [--shared-prefix 256] [--turns 3] [--turn-tokens 32,96]
         [--output-tokens 16,48] [--seed 0] [--scheduling both|mixed|alternating]
-        [--expansion host|device|both] [--extend-graphs on|off|both] [--profile-steps 100]
+        [--expansion host|device|both] [--extend-graphs on|off|both] [--cascade on|off|both]
+        [--profile-steps 100]
         [--max-num-batched-tokens 256] [--kv-cache-bytes N] [--out results.json]
 
 The workload (seeded, identical for both policies): `sessions` concurrent sessions share a
@@ -38,6 +39,10 @@ host knows to `repeat_interleave`, `device-sized` lets PyTorch read it back from
 (a host sync per prefill step, engine/runner/options.py). `--extend-graphs both` adds the
 A/B of prefill and mixed forwards replayed as piecewise CUDA graphs (`graphs`, the default)
 against launched kernel by kernel (`eager`; engine/runner/piecewise_graphs.py).
+`--cascade both` adds the A/B of shared prefixes attended once (`cascade`, the default: one
+shared pass over the keys the sessions' system prompt holds once, docs/design.md §4.9)
+against each request reading its whole context (`own-keys`); the result counts the steps
+whose forward used the shared pass.
 """
 
 from __future__ import annotations
@@ -127,6 +132,8 @@ class PolicyResult:
     prefill_tokens_per_step: float
     expansion: str = "host-sized"
     extend_graphs: bool = True  # prefill and mixed forwards replay piecewise CUDA graphs
+    cascade: bool = True  # shared prefixes attended once (RunnerOptions.cascade_attention)
+    shared_prefix_steps: int = 0  # steps whose forward used the shared pass
     # the cold burst: every session's first turn, submitted together
     cold_ttft_p90_ms: float = 0.0
     cold_distinct_tokens: int = 0  # the shared prefix once, plus each first turn's own tokens
@@ -139,6 +146,14 @@ class PolicyResult:
     gpu_busy_share: float | None = None  # device ms / wall ms per window step
     profiled_span_busy_share: float | None = None  # busy / span under the profiler (biased low)
     top_kernels_ms: tuple[tuple[str, float], ...] = ()  # over the profiled window
+
+
+@dataclass(frozen=True)
+class Variant:
+    scheduling: str
+    expansion: str  # host-sized | device-sized
+    extend_graphs: bool
+    cascade: bool
 
 
 @dataclass(frozen=True)
@@ -171,6 +186,7 @@ def run_policy(
         engine.add_request(request_id, list(session.history), params)
 
     before = engine.stats()
+    shared_before = engine.runner.shared_prefix_steps
     ttft: list[float] = []
     cold_ttft: list[float] = []
     tpot: list[float] = []
@@ -243,6 +259,7 @@ def run_policy(
         decode_rows_per_step=(output_tokens - requests_done) / max(steps, 1),
         prefill_tokens_per_step=prefill_tokens / max(steps, 1),
         expansion=expansion,
+        shared_prefix_steps=engine.runner.shared_prefix_steps - shared_before,
         cold_ttft_p90_ms=1e3 * float(np.percentile(cold_ttft, 90)),
         cold_distinct_tokens=load.shared_prefix + sum(len(s.turns[0][0]) for s in sessions),
     )
@@ -286,9 +303,7 @@ def with_window(result: PolicyResult, timed: SteadyWindow | None, profiled: Stea
 def build_engine(
     loaded: LoadedModel,
     args: argparse.Namespace,
-    scheduling: str,
-    expansion: str,
-    extend_graphs: bool,
+    variant: Variant,
     max_num_seqs: int,
 ) -> EngineCore:
     config = EngineConfig(
@@ -298,9 +313,13 @@ def build_engine(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory_bytes=args.kv_cache_bytes,
-        scheduling=scheduling,  # type: ignore[arg-type]
+        scheduling=variant.scheduling,  # type: ignore[arg-type]
     )
-    options = RunnerOptions(host_sized_expansion=expansion == "host-sized", piecewise_extend_graphs=extend_graphs)
+    options = RunnerOptions(
+        host_sized_expansion=variant.expansion == "host-sized",
+        piecewise_extend_graphs=variant.extend_graphs,
+        cascade_attention=variant.cascade,
+    )
     return EngineCore(config, parts=build_engine_parts(config, loaded=loaded, runner_options=options))
 
 
@@ -325,6 +344,7 @@ def main() -> None:
     parser.add_argument(
         "--extend-graphs", choices=["on", "off", "both"], default="on", help="piecewise graphs of prefill/mixed steps"
     )
+    parser.add_argument("--cascade", choices=["on", "off", "both"], default="on", help="shared prefixes read once")
     parser.add_argument("--profile-steps", type=int, default=100, help="steady steps profiled on a GPU; 0: none")
     parser.add_argument("--max-num-batched-tokens", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=4096)
@@ -337,19 +357,23 @@ def main() -> None:
     policies = ["alternating", "mixed"] if args.scheduling == "both" else [args.scheduling]
     expansions = ["host-sized", "device-sized"] if args.expansion == "both" else [f"{args.expansion}-sized"]
     graph_choices = [False, True] if args.extend_graphs == "both" else [args.extend_graphs == "on"]
+    cascade_choices = [False, True] if args.cascade == "both" else [args.cascade == "on"]
     if not args.device.startswith("cuda"):
         graph_choices = [False]  # graphs are captured on a GPU only
+        cascade_choices = [False]  # the shared pass is the Triton backend's
     profile_steps = args.profile_steps if args.device.startswith("cuda") else 0
     results: list[dict[str, Any]] = []
     for sessions in (int(s) for s in args.sessions.split(",")):
         load = Workload(sessions, args.shared_prefix, args.turns, args.turn_tokens, args.output_tokens, args.seed)
-        for policy, expansion, graphs in itertools.product(policies, expansions, graph_choices):
-            variant = (policy, expansion, graphs)
+        for choice in itertools.product(policies, expansions, graph_choices, cascade_choices):
+            variant = Variant(*choice)
             result, timed = _fresh_run(loaded, args, load, variant, profile_steps, profile=False)
             profiled = None
             if timed is not None:  # the same steps again, under the profiler
                 _, profiled = _fresh_run(loaded, args, load, variant, profile_steps, profile=True)
-            result = dataclasses.replace(with_window(result, timed, profiled), extend_graphs=graphs)
+            result = dataclasses.replace(
+                with_window(result, timed, profiled), extend_graphs=variant.extend_graphs, cascade=variant.cascade
+            )
             results.append(asdict(result))
             print(_line(result), flush=True)
     meta = {
@@ -367,19 +391,19 @@ def _fresh_run(
     loaded: LoadedModel,
     args: argparse.Namespace,
     load: Workload,
-    variant: tuple[str, str, bool],  # (scheduling, expansion, extend graphs)
+    variant: Variant,
     window_steps: int,
     profile: bool,
 ) -> tuple[PolicyResult, SteadyWindow | None]:
     """The workload on a new engine (empty prefix cache) after a warm-up."""
-    policy, expansion, graphs = variant
-    engine = build_engine(loaded, args, policy, expansion, graphs, max_num_seqs=load.sessions)
+    policy = variant.scheduling
+    engine = build_engine(loaded, args, variant, max_num_seqs=load.sessions)
     # the warm-up's shapes are the run's (prefix, turn and output lengths), so that kernels
     # compiled or tuned per shape are ready before the clock starts
     warm = Workload(min(4, load.sessions), load.shared_prefix, 1, load.turn_tokens, load.output_tokens, load.seed + 1)
     run_policy(engine, warm, policy)
     rate = prefill_rate(engine, min(4 * args.max_num_batched_tokens, args.max_model_len - 1))
-    result, steady = run_policy(engine, load, policy, expansion, window_steps, profile)
+    result, steady = run_policy(engine, load, policy, variant.expansion, window_steps, profile)
     result = dataclasses.replace(
         result, prefill_tokens_per_s=rate, cold_floor_ms=1e3 * result.cold_distinct_tokens / rate
     )
@@ -394,11 +418,12 @@ def _line(result: PolicyResult) -> str:
     line = (
         f"sessions={result.sessions:4d} {result.scheduling:11s} {result.expansion:12s} "
         f"{'graphs' if result.extend_graphs else 'eager ':6s} "
+        f"{'cascade ' if result.cascade else 'own-keys':8s} "
         f"{result.output_tokens_per_s:8.1f} tok/s  "
         f"TTFT mean/p50/p90 {result.ttft_mean_ms:6.0f}/{result.ttft_p50_ms:6.0f}/{result.ttft_p90_ms:6.0f} ms  "
         f"TPOT mean/p99 {result.tpot_mean_ms:5.1f}/{result.tpot_p99_ms:5.1f} ms  "
         f"steps {result.steps} (mixed {result.mixed_steps})  prefill computed {result.prefill_tokens_computed}  "
-        f"host {result.host_ms_per_step:.1f} ms/step"
+        f"host {result.host_ms_per_step:.1f} ms/step  shared pass in {result.shared_prefix_steps} steps"
     )
     line += f"  mix {result.decode_rows_per_step:.0f} decode rows"
     line += f" + {result.prefill_tokens_per_step:.0f} prefill tokens/step"
