@@ -13,10 +13,12 @@ so a batch of no grammar rows copies nothing. Only batches whose sampling the ca
 covers replay (greedy, no penalties, logprobs or logit bias); the others run the same body
 eagerly.
 
-Buckets of CASCADE_MIN_BATCH rows and more, when `shared_bound` is given, capture the shared
-pass of docs/design.md §4.9: the body reads a packed static buffer (P, the table row, the
-per-row lengths; engine/runner/shared_prefix_rows.py), staged before each replay, all zero
-when nothing is shared. Smaller buckets, batch 1 included, keep the plain kernels.
+Buckets of CASCADE_MIN_BATCH rows and more, when `shared_bound` is given, are captured twice:
+as above, and with the shared pass of docs/design.md §4.9, whose body reads a packed static
+buffer (P, the table row, the per-row lengths; engine/runner/shared_prefix_rows.py) staged
+before each replay. A batch that shares a prefix replays the second, any other the first, so
+a batch that shares nothing pays nothing for the shared pass. Smaller buckets, batch 1
+included, have the plain graph only.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 from engine.kernels.attention_metadata import SharedPrefix
 from engine.runner.grammar_rows import ALL_ALLOWED, GrammarRows, HostGrammarRows
 from engine.runner.h2d import copy_into
-from engine.runner.shared_prefix_rows import SharedRows, nothing_shared, stage, unpack
+from engine.runner.shared_prefix_rows import SharedRows, stage, unpack
 from engine.runner.step_output import DeviceStepOutput
 
 StepBody = Callable[[torch.Tensor, torch.Tensor, GrammarRows, SharedPrefix | None], DeviceStepOutput]
@@ -60,24 +62,24 @@ class GraphedStep:
         self.shared = torch.zeros(2 + size, dtype=torch.int32, device=device)  # packed SharedRows
         self.shared_from = CASCADE_MIN_BATCH if shared_bound is not None else None
         self._grammar_dirty = False  # the buffers hold some batch's masks
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._outputs: dict[int, DeviceStepOutput] = {}
+        # keyed by (bucket, whether the graph runs the shared pass)
+        self._graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}
+        self._outputs: dict[tuple[int, bool], DeviceStepOutput] = {}
         pool = torch.cuda.graph_pool_handle()
         for bucket in reversed(self.buckets):  # largest first: smaller ones reuse its pool
             rows, starts, grammar = self.rows[:bucket], self.starts[:bucket], self.grammar[:bucket]
-            shared = None
-            if shared_bound is not None and self._captures_shared(bucket):
-                shared = unpack(self.shared[: 2 + bucket], shared_bound)
-            warmup = torch.cuda.Stream(device)
-            warmup.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(warmup):
-                for _ in range(2):
-                    body(rows, starts, grammar, shared)
-            torch.cuda.current_stream(device).wait_stream(warmup)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._outputs[bucket] = body(rows, starts, grammar, shared)
-            self._graphs[bucket] = graph
+            for cascade in (False, True) if self._captures_shared(bucket) else (False,):
+                shared = unpack(self.shared[: 2 + bucket], shared_bound or 0) if cascade else None
+                warmup = torch.cuda.Stream(device)
+                warmup.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(warmup):
+                    for _ in range(2):
+                        body(rows, starts, grammar, shared)
+                torch.cuda.current_stream(device).wait_stream(warmup)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self._outputs[bucket, cascade] = body(rows, starts, grammar, shared)
+                self._graphs[bucket, cascade] = graph
 
     def bucket_for(self, batch: int) -> int | None:
         for bucket in self.buckets:
@@ -104,10 +106,11 @@ class GraphedStep:
         copy_into(self.rows[:bucket], padded_rows)
         copy_into(self.starts[:bucket], padded_starts)
         self._stage_grammar(bucket, grammar)
-        if self._captures_shared(bucket):
-            stage(self.shared, shared or nothing_shared(batch, self.padding_row), bucket)
-        self._graphs[bucket].replay()
-        return self._outputs[bucket].map(lambda t: t[:batch].clone())
+        cascade = shared is not None and self._captures_shared(bucket)
+        if shared is not None and cascade:
+            stage(self.shared, shared, bucket)
+        self._graphs[bucket, cascade].replay()
+        return self._outputs[bucket, cascade].map(lambda t: t[:batch].clone())
 
     def _stage_grammar(self, bucket: int, grammar: HostGrammarRows | None) -> None:
         if grammar is None:

@@ -43,11 +43,6 @@ def unpack(packed: torch.Tensor, max_length: int) -> SharedPrefix:
     return SharedPrefix(lens=packed[2:], length=packed[0:1], table_row=packed[1:2], max_length=max_length)
 
 
-def nothing_shared(batch: int, padding_row: int) -> SharedRows:
-    """For a captured step that attends with the shared pass: no key is shared this time."""
-    return SharedRows(np.zeros(batch, dtype=np.int32), 0, padding_row)
-
-
 def stage(buffer: torch.Tensor, shared: SharedRows, bucket: int) -> None:
     """Copy `shared` into a captured step's packed buffer for `bucket` rows (rows past its
     batch share nothing)."""
