@@ -220,6 +220,7 @@ CASCADE_CASES = {
     "drafter": ([3] * 3, [32, 47, 40], False, True, None),
     "prefill": ([20, 37, 1, 5], [32, 40, 0, 70], True, False, None),
     "nothing-shared": ([1] * 3, [40, 50, 33], True, True, [False, False, False]),
+    "long-own-keys": ([1] * 2, [300, 290], True, True, None),  # own keys over several splits, then a merge
 }
 
 
@@ -234,6 +235,8 @@ def test_shared_prefix_attention(name: str, group: int, page_size: int, seed: in
         seed, extend, prefix, num_q_heads=hq, num_kv_heads=hkv, page_size=page_size, causal=causal,
         uniform=uniform, shared_len=32, sharing=sharing,
     )  # fmt: skip
+    if name == "long-own-keys":
+        assert triton_shared._own_splits(case.meta, group, hkv, torch.device("cpu")) > 1
     k_cache, v_cache = stored(case)
     out = triton_shared.cascade_attention(case.q, k_cache, v_cache, case.meta, case.scale, poisoned(case))
     check(case, out)

@@ -13,8 +13,9 @@ the output itself.
 Split sizes are per request, computed on the device from `seq_lens`: every split of request
 b covers `ceil(seq_len_b / S)` keys (rounded to BLOCK_N), so short and long requests in one
 batch both use all S programs. Under a shared prefix (AttentionMetadata.shared) request b's
-splits cover only its own keys, from `shared.lens[b]` on, and always write partials: the
-shared keys come from shared_prefix_attention.py and one merge combines both. The number of
+splits cover only its own keys, from `shared.lens[b]` on; the shared keys' partial results
+come from shared_prefix_attention.py. With one split the kernel folds them in and writes the
+output itself; with several, every split writes its partial and one merge combines all. The number of
 splits S comes from host bounds only (batch, `max_seq_len`, SM count), so the grid is fixed
 for a CUDA graph of a batch-size bucket.
 
@@ -31,7 +32,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.attention_metadata import AttentionMetadata
-from engine.kernels.triton.online_softmax import attend_tile, normalize
+from engine.kernels.triton.online_softmax import attend_tile, fold_partials, normalize
 
 LOG2E = math.log2(math.e)
 MAX_SPLITS = 64
@@ -52,10 +53,11 @@ def _split_kv_kernel(
     q_start_ptr,
     shared_lens_ptr,  # [B] int32: keys before this are another kernel's (HAS_SHARED)
     out_ptr,
-    partial_o_ptr,  # [T, Hq, S, D] fp32, unused when DIRECT_OUT
+    partial_o_ptr,  # [T, Hq, S, D] fp32: written unless DIRECT_OUT; read (folded) if DIRECT_OUT and HAS_SHARED
     partial_lse_ptr,  # [T, Hq, S] fp32 (log2 domain)
     scale_log2e,
     num_splits,
+    fold_splits,  # partials to fold in before writing out (DIRECT_OUT and HAS_SHARED)
     stride_qt,
     stride_qh,
     stride_kc_slot,
@@ -120,14 +122,20 @@ def _split_kv_kernel(
             scale_log2e, BLOCK_N, True, CAUSAL, INPUT_PRECISION,
         )  # fmt: skip
 
-    o = normalize(acc, l_i)
     if DIRECT_OUT:
+        if HAS_SHARED:
+            acc, m_i, l_i = fold_partials(
+                acc, m_i, l_i, partial_o_ptr, partial_lse_ptr, token * stride_pt + head * stride_ph, stride_ps,
+                fold_splits, dims, dim_valid, row_valid, HEAD_DIM,
+            )  # fmt: skip
+        o = normalize(acc, l_i)
         tl.store(
             out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
             o.to(out_ptr.dtype.element_ty),
             mask=row_valid[:, None] & dim_valid[None, :],
         )
     else:
+        o = normalize(acc, l_i)
         partial = token * stride_pt + head * stride_ph + split * stride_ps
         empty = l_i == 0.0  # an empty split, or a row whose visible keys all lie in other splits
         tl.store(
@@ -206,38 +214,48 @@ def decode_attention(
     block_n: int | None = None,
 ) -> torch.Tensor:
     """Split-KV attention for forwards with `split_kv_rows(meta, G) <= MAX_ROWS` (every key;
-    `meta.shared` is for shared_prefix_attention.py)."""
+    `meta.shared` is for own_keys_attention)."""
     num_tokens, num_q_heads, head_dim = q.shape
     if num_tokens == 0 or meta.batch_size == 0:
         return out
     if num_splits is None:
         num_splits = num_kv_splits(meta.batch_size, k_cache.shape[1], meta.max_seq_len, q.device)
     if num_splits == 1:
-        placeholder = q.new_empty(1, dtype=torch.float32)  # never touched
-        _launch(q, k_cache, v_cache, meta, scale, out, placeholder, placeholder, 1, block_n, shared=False)
+        unused = q.new_empty(1, dtype=torch.float32)
+        _launch(q, k_cache, v_cache, meta, scale, out, (unused, unused), 1, 0, block_n, shared=False)
         return out
     partial_o = torch.empty(num_tokens, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     partial_lse = torch.empty(num_tokens, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
-    _launch(q, k_cache, v_cache, meta, scale, out, partial_o, partial_lse, num_splits, block_n, shared=False)
+    _launch(q, k_cache, v_cache, meta, scale, out, (partial_o, partial_lse), num_splits, 0, block_n, shared=False)
     return merge_splits(partial_o, partial_lse, out)
 
 
-def split_kv_partials(
+def own_keys_attention(
     q: torch.Tensor,  # [T, Hq, D], last dim contiguous
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     meta: AttentionMetadata,  # with `shared`: each request's keys from shared.lens[b] on
     scale: float,
-    partial_o: torch.Tensor,  # [T, Hq, >= S, D] fp32 view: splits [0, S) are written
-    partial_lse: torch.Tensor,  # [T, Hq, >= S] fp32 view, log2 domain
+    out: torch.Tensor,  # [T, Hq, D]
+    partial_o: torch.Tensor,  # [T, Hq, S_shared + num_splits, D] fp32: the shared pass's splits first
+    partial_lse: torch.Tensor,  # [T, Hq, S_shared + num_splits] fp32, log2 domain
+    num_shared_splits: int,
     num_splits: int,
     block_n: int | None = None,
 ) -> None:
-    """The split-KV kernel's partial outputs only, for a caller that merges them with others."""
+    """`out` over every key, given the shared keys' partials: one split folds them in and
+    writes `out`; several write their own partials after them, then one merge."""
     if q.shape[0] == 0 or meta.batch_size == 0:
         return
-    assert meta.shared is not None, "partials without shared keys: use decode_attention"
-    _launch(q, k_cache, v_cache, meta, scale, q, partial_o, partial_lse, num_splits, block_n, shared=True)
+    assert meta.shared is not None, "own keys follow shared ones: use decode_attention"
+    if num_splits == 1:
+        partials = (partial_o, partial_lse)
+        _launch(q, k_cache, v_cache, meta, scale, out, partials, 1, num_shared_splits, block_n, shared=True)
+        return
+    own = (partial_o[:, :, num_shared_splits:], partial_lse[:, :, num_shared_splits:])
+    _launch(q, k_cache, v_cache, meta, scale, out, own, num_splits, 0, block_n, shared=True)
+    total = num_shared_splits + num_splits
+    merge_splits(partial_o[:, :, :total], partial_lse[:, :, :total], out)
 
 
 def _launch(
@@ -246,10 +264,10 @@ def _launch(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
-    out: torch.Tensor,  # written when num_splits == 1 and not `shared`
-    partial_o: torch.Tensor,
-    partial_lse: torch.Tensor,
+    out: torch.Tensor,  # written when num_splits == 1
+    partials: tuple[torch.Tensor, torch.Tensor],  # (o, lse): written by several splits, else folded in
     num_splits: int,
+    fold_splits: int,
     block_n: int | None,
     shared: bool,
 ) -> None:
@@ -261,8 +279,9 @@ def _launch(
         raise ValueError(f"decode_attention holds at most {MAX_ROWS} query rows per program, got {rows}")
     if block_n is None:
         block_n = 64 if head_dim <= 128 else 32
-    direct = num_splits == 1 and not shared
-    stride_pt, stride_ph, stride_ps = (0, 0, 0) if direct else partial_lse.stride()
+    direct = num_splits == 1
+    partial_o, partial_lse = partials
+    stride_pt, stride_ph, stride_ps = partial_lse.stride() if partial_lse.dim() == 3 else (0, 0, 0)
     shared_lens = meta.shared.lens if shared and meta.shared is not None else meta.seq_lens  # unread unless shared
     precision = "ieee" if q.dtype == torch.float32 else None  # None: the target default (tf32 is not on ROCm)
     _split_kv_kernel[(meta.batch_size, num_kv_heads, num_splits)](
@@ -280,6 +299,7 @@ def _launch(
         partial_lse,
         scale * LOG2E,
         num_splits,
+        fold_splits,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),

@@ -11,8 +11,8 @@ The grid is (B, Hkv, cdiv(max_extend_len * G, BLOCK_M)) from host bounds; progra
 request's own extend exit at once. Causal blocks are scheduled longest first.
 
 Under a shared prefix (AttentionMetadata.shared) request b walks only its own keys, from
-`shared.lens[b]` on, and writes a partial output and its log-sum-exp (one split of the
-layout decode_attention.merge_splits reads); shared_prefix_attention.py adds the rest.
+`shared.lens[b]` on, then folds in the shared keys' partial results that
+shared_prefix_attention.py wrote (online_softmax.fold_partials) before writing its output.
 
 Reference: engine.kernels.attention.paged_attention_torch.
 """
@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.attention_metadata import AttentionMetadata
-from engine.kernels.triton.online_softmax import attend_tile, normalize
+from engine.kernels.triton.online_softmax import attend_tile, fold_partials, normalize
 
 LOG2E = math.log2(math.e)
 
@@ -42,9 +42,10 @@ def _extend_kernel(
     extend_lens_ptr,
     q_start_ptr,
     shared_lens_ptr,  # [B] int32: keys before this are another kernel's (SHARED)
-    out_ptr,  # [T, Hq, D]; unused when SHARED
-    partial_o_ptr,  # [T, Hq, S, D] fp32 at this kernel's split (SHARED)
-    partial_lse_ptr,  # [T, Hq, S] fp32 at this kernel's split, log2 domain (SHARED)
+    out_ptr,  # [T, Hq, D]
+    partial_o_ptr,  # [T, Hq, S, D] fp32: the shared keys' partial outputs (SHARED)
+    partial_lse_ptr,  # [T, Hq, S] fp32: their log-sum-exps, log2 domain (SHARED)
+    fold_splits,  # S
     scale_log2e,
     stride_qt,
     stride_qh,
@@ -57,6 +58,7 @@ def _extend_kernel(
     stride_oh,
     stride_pt,
     stride_ph,
+    stride_ps,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -122,20 +124,17 @@ def _extend_kernel(
             scale_log2e, BLOCK_N, True, CAUSAL, INPUT_PRECISION,
         )  # fmt: skip
 
-    o = normalize(acc, l_i)
     if SHARED:
-        partial = token * stride_pt + head * stride_ph
-        written = row_valid[:, None] & dim_valid[None, :]
-        tl.store(partial_o_ptr + partial[:, None] * HEAD_DIM + dims[None, :], o, mask=written)
-        empty = l_i == 0.0
-        lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-        tl.store(partial_lse_ptr + partial, lse, mask=row_valid)
-    else:
-        tl.store(
-            out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
-            o.to(out_ptr.dtype.element_ty),
-            mask=row_valid[:, None] & dim_valid[None, :],
-        )
+        acc, m_i, l_i = fold_partials(
+            acc, m_i, l_i, partial_o_ptr, partial_lse_ptr, token * stride_pt + head * stride_ph, stride_ps,
+            fold_splits, dims, dim_valid, row_valid, HEAD_DIM,
+        )  # fmt: skip
+    o = normalize(acc, l_i)
+    tl.store(
+        out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+        o.to(out_ptr.dtype.element_ty),
+        mask=row_valid[:, None] & dim_valid[None, :],
+    )
 
 
 def _default_blocks(head_dim: int, rows: int, device: torch.device) -> tuple[int, int, int]:
@@ -160,12 +159,11 @@ def extend_attention(
     out: torch.Tensor,  # [T, Hq, D]
     block_m: int | None = None,
     block_n: int | None = None,
-    partials: tuple[torch.Tensor, torch.Tensor] | None = None,
+    shared_partials: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Ragged prefill/extend attention, causal or not (K/V already stored in the cache).
-    `partials` (with `meta.shared`): views `([T, Hq, S, D], [T, Hq, S])` fp32 whose split 0
-    receives each row's output over its request's own keys and their log-sum-exp (log2),
-    instead of `out`."""
+    `shared_partials` (with `meta.shared`): the shared keys' partial results `([T, Hq, S, D],
+    [T, Hq, S])` fp32; each row then walks only its request's own keys and folds them in."""
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_q_heads // num_kv_heads
@@ -178,15 +176,16 @@ def extend_attention(
     block_m = block_m or default_m
     block_n = block_n or default_n
     precision = "ieee" if q.dtype == torch.float32 else None  # None: the target default (tf32 is not on ROCm)
-    shared = partials is not None
-    if partials is not None:
-        assert meta.shared is not None, "partials are the own keys' share of a shared prefix"
-        partial_o, partial_lse = partials
+    shared = shared_partials is not None
+    if shared_partials is not None:
+        assert meta.shared is not None, "shared partials come with the shared keys"
+        partial_o, partial_lse = shared_partials
         shared_lens = meta.shared.lens
-        stride_pt, stride_ph = partial_lse.stride(0), partial_lse.stride(1)
+        fold_splits = partial_lse.shape[2]
+        stride_pt, stride_ph, stride_ps = partial_lse.stride()
     else:
         partial_o = partial_lse = shared_lens = meta.seq_lens  # unread
-        stride_pt = stride_ph = 0
+        fold_splits = stride_pt = stride_ph = stride_ps = 0
     _extend_kernel[(batch, num_kv_heads, triton.cdiv(rows, block_m))](
         q,
         k_cache,
@@ -200,6 +199,7 @@ def extend_attention(
         out,
         partial_o,
         partial_lse,
+        fold_splits,
         scale * LOG2E,
         q.stride(0),
         q.stride(1),
@@ -212,6 +212,7 @@ def extend_attention(
         out.stride(1),
         stride_pt,
         stride_ph,
+        stride_ps,
         GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),  # tl.dot needs K >= 16

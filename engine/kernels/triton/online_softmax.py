@@ -75,6 +75,39 @@ def attend_tile(
 
 
 @triton.jit
+def fold_partials(
+    acc,  # [R, BLOCK_D] fp32
+    m_i,  # [R] fp32
+    l_i,  # [R] fp32
+    partial_o_ptr,  # [T, Hq, S, D] fp32: outputs normalised by their own sums
+    partial_lse_ptr,  # [T, Hq, S] fp32: their log-sum-exps (log2), -inf when empty
+    at,  # [R] int64: token * stride_pt + head * stride_ph of each row
+    stride_ps,
+    num_splits,
+    dims,  # [BLOCK_D]
+    dim_valid,  # [BLOCK_D]
+    row_valid,  # [R]
+    HEAD_DIM: tl.constexpr,
+):
+    """(acc, m_i, l_i) with another kernel's partial results over other keys folded in: a
+    partial of log-sum-exp `lse` stands for 2^lse x its output (the rescaling of
+    Flash-Decoding), so the state after it is the state over both sets of keys."""
+    for split in range(num_splits):
+        index = at + split * stride_ps
+        lse = tl.load(partial_lse_ptr + index, mask=row_valid, other=float("-inf"))
+        written = row_valid[:, None] & dim_valid[None, :]
+        o = tl.load(partial_o_ptr + index[:, None] * HEAD_DIM + dims[None, :], mask=written, other=0.0)
+        m_new = tl.maximum(m_i, lse)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        weight = tl.exp2(lse - m_safe)
+        acc = acc * alpha[:, None] + o * weight[:, None]
+        l_i = l_i * alpha + weight
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
 def normalize(acc, l_i):
     """acc [R, BLOCK_D] / l_i [R]: the attention output of the keys seen; 0 for rows with none."""
     return acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]

@@ -2,21 +2,23 @@
 docs/design.md §4.9).
 
 A forward whose `meta.shared` names keys [0, P) that several requests read through the same
-slots runs in two passes and a merge:
+slots runs in two passes:
 
 1. the shared pass (`_shared_prefix_kernel`): one program per (block of BLOCK_M query rows,
    kv head, key split). Its rows are (token t, head g) pairs of any requests, laid
    `t * G + g`, so the P keys, read through one table row, are loaded once per row block
-   instead of once per request, and scored as one dense tile product. Rows of requests that
-   do not share get an empty split (log-sum-exp -inf);
-2. each request's own keys [shared.lens[b], seq_len): the split-KV kernel for short windows,
-   the extend kernel for chunks (per part of a mixed forward), as partials;
-3. decode_attention.merge_splits over every split of both passes.
+   instead of once per request, and scored as one dense tile product. Each split writes a
+   partial: the output normalised by its own softmax sum, `[T, Hq, S, D]` fp32, and the sum's
+   log-sum-exp, `[T, Hq, S]` (log2 domain; -inf for a row whose request does not share);
+2. the own pass, each request's keys [shared.lens[b], seq_len): the split-KV kernel for
+   short windows, the extend kernel for chunks (per part of a mixed forward). A program that
+   walks all of a row's own keys folds the shared partials into its softmax state
+   (online_softmax.fold_partials) and writes the output; split-KV with several splits
+   writes its own partials after the shared ones and decode_attention.merge_splits
+   combines them.
 
-Partials are `[T, Hq, S, D]` fp32 outputs, each normalised by its own softmax sum, and
-`[T, Hq, S]` log-sum-exps (log2 domain); the shared pass fills splits [0, S_shared), the
-own pass the next ones. The grid and split counts come from host bounds only (T, the longest
-context), so a decode graph captures the whole of it.
+The grid and split counts come from host bounds only (T, the longest context), so a decode
+graph captures the whole of it.
 
 Reference: engine.kernels.attention.paged_attention_torch (which ignores `shared`: the answer
 is the same, summed in another order).
@@ -33,10 +35,9 @@ import triton.language as tl
 from engine.kernels.attention_metadata import AttentionMetadata
 from engine.kernels.triton.decode_attention import (
     MAX_ROWS,
-    merge_splits,
     num_kv_splits,
     num_sms,
-    split_kv_partials,
+    own_keys_attention,
     split_kv_rows,
 )
 from engine.kernels.triton.extend_attention import extend_attention
@@ -149,12 +150,12 @@ def num_shared_splits(row_blocks: int, num_kv_heads: int, max_length: int, devic
 
 
 def _own_splits(meta: AttentionMetadata, group: int, num_kv_heads: int, device: torch.device) -> int:
-    """Splits the own-keys pass of one part writes: the split-KV kernel's, or 1 (extend)."""
-    if meta.batch_size == 0 or meta.num_tokens == 0:
+    """Splits of one part's own pass that write partials: the split-KV kernel's when more than
+    one, else 0 (a program that folds the shared partials in and writes the output)."""
+    if meta.batch_size == 0 or meta.num_tokens == 0 or split_kv_rows(meta, group) > MAX_ROWS:
         return 0
-    if split_kv_rows(meta, group) <= MAX_ROWS:
-        return num_kv_splits(meta.batch_size, num_kv_heads, meta.max_seq_len, device)
-    return 1
+    splits = num_kv_splits(meta.batch_size, num_kv_heads, meta.max_seq_len, device)
+    return splits if splits > 1 else 0
 
 
 def cascade_attention(
@@ -182,8 +183,6 @@ def cascade_attention(
     total = shared_splits + max(own_splits)
     partial_o = torch.empty(num_tokens, num_q_heads, total, head_dim, dtype=torch.float32, device=q.device)
     partial_lse = torch.empty(num_tokens, num_q_heads, total, dtype=torch.float32, device=q.device)
-    if len(set(own_splits)) > 1:
-        partial_lse.fill_(float("-inf"))  # a part with fewer splits leaves the rest empty
     precision = "ieee" if q.dtype == torch.float32 else None  # None: the target default (tf32 is not on ROCm)
     _shared_prefix_kernel[(row_blocks, num_kv_heads, shared_splits)](
         q,
@@ -219,13 +218,15 @@ def cascade_attention(
     first = 0
     for part, splits in zip(parts, own_splits, strict=True):
         end = first + part.num_tokens
-        part_o = partial_o[first:end, :, shared_splits:]
-        part_lse = partial_lse[first:end, :, shared_splits:]
-        if splits == 0:
-            pass  # no rows
-        elif split_kv_rows(part, group) <= MAX_ROWS:
-            split_kv_partials(q[first:end], k_cache, v_cache, part, scale, part_o, part_lse, splits)
-        else:
-            extend_attention(q[first:end], k_cache, v_cache, part, scale, out[first:end], partials=(part_o, part_lse))
+        if end > first and part.batch_size > 0:
+            q_part, out_part = q[first:end], out[first:end]
+            part_o, part_lse = partial_o[first:end], partial_lse[first:end]
+            if split_kv_rows(part, group) <= MAX_ROWS:
+                own_keys_attention(
+                    q_part, k_cache, v_cache, part, scale, out_part, part_o, part_lse, shared_splits, max(splits, 1)
+                )
+            else:
+                shared_part = (part_o[:, :, :shared_splits], part_lse[:, :, :shared_splits])
+                extend_attention(q_part, k_cache, v_cache, part, scale, out_part, shared_partials=shared_part)
         first = end
-    return merge_splits(partial_o, partial_lse, out)
+    return out
