@@ -27,6 +27,7 @@ is the same, summed in another order).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -131,14 +132,24 @@ def _shared_prefix_kernel(
     tl.store(partial_lse_ptr + partial, lse, mask=in_range)
 
 
-def _shared_blocks(head_dim: int, rows: int, device: torch.device) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps) of the shared pass over `rows = T * G` query rows."""
+@dataclass(frozen=True)
+class SharedTiles:
+    """Launch shape of the shared pass."""
+
+    block_m: int  # query rows (token, head) per program
+    block_n: int  # keys per tile
+    num_warps: int
+    num_stages: int
+
+
+def default_tiles(head_dim: int, rows: int, device: torch.device) -> SharedTiles:
+    """The shared pass's tiles for `rows = T * G` query rows per kv head."""
     if device.type != "cuda":  # the interpreter: small tiles keep tests quick and multi-block
-        return 16, 16, 4
+        return SharedTiles(16, 16, 4, 2)
     block_n = 64 if head_dim <= 128 else 32
     if rows >= 1024:
-        return 128, block_n, 8
-    return max(16, min(64, triton.next_power_of_2(rows))), block_n, 4
+        return SharedTiles(128, block_n, 8, 2)
+    return SharedTiles(max(16, min(64, triton.next_power_of_2(rows))), block_n, 4, 2)
 
 
 def num_shared_splits(row_blocks: int, num_kv_heads: int, max_length: int, device: torch.device) -> int:
@@ -165,6 +176,7 @@ def cascade_attention(
     meta: AttentionMetadata,  # with `shared`; its parts (a mixed forward) carry theirs
     scale: float,
     out: torch.Tensor,  # [T, Hq, D]
+    tiles: SharedTiles | None = None,  # None: default_tiles(...)
 ) -> torch.Tensor:
     """The forward's attention with the shared keys read once per row block (see above)."""
     shared = meta.shared
@@ -175,8 +187,8 @@ def cascade_attention(
     num_kv_heads = k_cache.shape[1]
     group = num_q_heads // num_kv_heads
     rows = num_tokens * group
-    block_m, block_n, warps = _shared_blocks(head_dim, rows, q.device)
-    row_blocks = triton.cdiv(rows, block_m)
+    tiles = tiles or default_tiles(head_dim, rows, q.device)
+    row_blocks = triton.cdiv(rows, tiles.block_m)
     shared_splits = num_shared_splits(row_blocks, num_kv_heads, shared.max_length, q.device)
     parts = meta.parts if meta.parts is not None else (meta,)
     own_splits = [_own_splits(part, group, num_kv_heads, q.device) for part in parts]
@@ -209,11 +221,11 @@ def cascade_attention(
         GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),  # tl.dot needs K >= 16
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
         INPUT_PRECISION=precision,
-        num_warps=warps,
-        num_stages=2,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )
     first = 0
     for part, splits in zip(parts, own_splits, strict=True):

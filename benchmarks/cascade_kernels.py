@@ -1,0 +1,182 @@
+"""One layer's attention of an agentic step, with and without the shared pass, and the shared
+pass's launch shapes: microseconds per call on the GPU, side by side in one run.
+
+    python benchmarks/cascade_kernels.py [--shared 2048] [--iters 30] [--out results.json]
+
+Llama-3-8B attention (32 query heads, 8 kv heads, head dim 128, bf16, pages of 16). Every
+request's context starts with the same `shared` keys (one set of pages, as the prefix cache
+holds a system prompt), then keys of its own (200-700, seeded). Forwards, as the engine
+builds them (engine/runner/batch_inputs.py):
+- decode: 154 requests, one row each (the decode rows of 256 agentic sessions);
+- verify: 64 requests, a DSpark window of 8 rows each;
+- mixed: the 154 decode rows, then 3 chunks of 143 tokens (a mixed step's token mix).
+Per forward: the Triton backend without the shared pass (`own-keys`), with it at the default
+launch shape (`cascade`), and each launch shape of the shared pass in SHAPES. CUDA events over
+`iters` calls after a warm-up; KV store included (it is the same in every variant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.attention.triton_backend import TritonAttentionBackend  # noqa: E402
+from engine.kernels.attention_metadata import AttentionMetadata  # noqa: E402
+from engine.kernels.triton import shared_prefix_attention  # noqa: E402
+from engine.kernels.triton.shared_prefix_attention import SharedTiles  # noqa: E402
+from engine.runner.batch_inputs import ExtendInputs, concat_extend, expand_extend, uniform_window  # noqa: E402
+from engine.runner.shared_prefix_rows import find_shared_prefix  # noqa: E402
+
+HQ, HKV, D, PAGE = 32, 8, 128, 16
+SHAPES = [SharedTiles(m, n, w, s) for m, n, w, s in
+          [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 2),
+           (128, 32, 4, 2)]]  # fmt: skip
+
+
+@dataclasses.dataclass
+class Forward:
+    name: str
+    inputs: ExtendInputs  # without the shared keys
+    table: np.ndarray  # host mirror of req_to_token
+    rows: np.ndarray
+    visible: np.ndarray  # keys each request sees before its rows
+
+
+def build(shared: int, seed: int, device: torch.device) -> tuple[list[Forward], torch.Tensor, torch.Tensor]:
+    rng = np.random.default_rng(seed)
+    own = {
+        "decode": rng.integers(200, 700, 154),
+        "verify": rng.integers(200, 700, 64),
+        "chunks": rng.integers(0, 600, 3),
+    }
+    total_own = sum(int(x.sum()) + (PAGE + 200) * len(x) for x in own.values())
+    num_pages = shared // PAGE + total_own // PAGE + 8
+    table = np.full((154 + 64 + 3 + 1, 8192), -1, dtype=np.int32)
+    next_page = shared // PAGE
+    shared_slots = np.arange(shared, dtype=np.int32)
+    row = 0
+    forwards_rows: dict[str, list[int]] = {}
+    for kind, lens in own.items():
+        forwards_rows[kind] = []
+        for n in lens:
+            need = int(n) + 200  # room for the forward's own rows
+            pages = -(-need // PAGE)
+            slots = (np.arange(next_page, next_page + pages)[:, None] * PAGE + np.arange(PAGE)).reshape(-1)
+            next_page += pages
+            table[row, : shared + len(slots)] = np.concatenate((shared_slots, slots.astype(np.int32)))
+            forwards_rows[kind].append(row)
+            row += 1
+    assert next_page <= num_pages
+    req_to_token = torch.from_numpy(table).to(device)
+    k_cache = torch.randn(num_pages * PAGE + 1, HKV, D, dtype=torch.bfloat16, device=device)
+    v_cache = torch.randn_like(k_cache)
+
+    def window(kind: str, width: int) -> Forward:
+        rows = np.array(forwards_rows[kind])
+        starts = shared + own[kind].astype(np.int32)
+        inputs = uniform_window(
+            req_to_token, torch.from_numpy(rows).to(device), torch.from_numpy(starts).to(device), width,
+            int(starts.max()) + width, causal=True,
+        )  # fmt: skip
+        return Forward(kind, inputs, table, rows, starts)
+
+    decode = window("decode", 1)
+    verify = window("verify", 8)
+    chunk_rows = np.array(forwards_rows["chunks"])
+    chunk_starts = (shared + own["chunks"]).astype(np.int32)
+    chunks = expand_extend(req_to_token, chunk_rows, chunk_starts, np.full(3, 143, dtype=np.int32), device)
+    mixed = Forward(
+        "mixed",
+        concat_extend(decode.inputs, chunks),
+        table,
+        np.concatenate((decode.rows, chunk_rows)),
+        np.concatenate((decode.visible, chunk_starts)),
+    )
+    return [decode, verify, mixed], k_cache, v_cache
+
+
+def with_shared(forward: Forward, device: torch.device) -> AttentionMetadata:
+    found = find_shared_prefix(forward.table, forward.rows, forward.visible, PAGE)
+    assert found is not None, "the forward's requests share their first pages"
+    shared = found.to_device(device, found.length)
+    meta = forward.inputs.meta
+    if meta.parts is None:
+        return dataclasses.replace(meta, shared=shared)
+    first, second = meta.parts
+    parts = (
+        dataclasses.replace(first, shared=shared.rows(0, first.batch_size)),
+        dataclasses.replace(second, shared=shared.rows(first.batch_size, meta.batch_size)),
+    )
+    return dataclasses.replace(meta, shared=shared, parts=parts)
+
+
+def time_us(fn: Callable[[], torch.Tensor], iters: int) -> float:
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return 1e3 * start.elapsed_time(end) / iters
+
+
+def measure(forward: Forward, k_cache: torch.Tensor, v_cache: torch.Tensor, iters: int) -> list[dict[str, object]]:
+    device = k_cache.device
+    backend = TritonAttentionBackend()
+    plain = forward.inputs.meta
+    cascade = with_shared(forward, device)
+    n = plain.num_tokens
+    q = torch.randn(n, HQ, D, dtype=torch.bfloat16, device=device)
+    k = torch.randn(n, HKV, D, dtype=torch.bfloat16, device=device)
+    v = torch.randn_like(k)
+    out = torch.empty_like(q)
+
+    def through_backend(meta: AttentionMetadata) -> Callable[[], torch.Tensor]:
+        return lambda: backend.forward(q, k, v, k_cache, v_cache, meta, 0.088, out=out)
+
+    def shared_pass_as(tiles: SharedTiles) -> Callable[[], torch.Tensor]:
+        return lambda: shared_prefix_attention.cascade_attention(q, k_cache, v_cache, cascade, 0.088, out, tiles=tiles)
+
+    variants = {"own-keys": through_backend(plain), "cascade": through_backend(cascade)}
+    for tiles in SHAPES:
+        variants[f"shared {tiles.block_m}x{tiles.block_n} w{tiles.num_warps} s{tiles.num_stages}"] = shared_pass_as(
+            tiles
+        )
+    reference = backend.forward(q, k, v, k_cache, v_cache, plain, 0.088).float()
+    rows = []
+    for label, fn in variants.items():
+        error = (fn().float() - reference).abs().max().item()
+        us = time_us(fn, iters)
+        rows.append({"forward": forward.name, "tokens": n, "variant": label, "us": us, "max_abs_error": error})
+        print(f"{forward.name:7s} T={n:4d} {label:28s} {us:8.1f} us  max |diff| {error:.4f}", flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shared", type=int, default=2048)
+    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    device = torch.device("cuda")
+    forwards, k_cache, v_cache = build(args.shared, seed=0, device=device)
+    rows = [row for forward in forwards for row in measure(forward, k_cache, v_cache, args.iters)]
+    if args.out is not None:
+        meta = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M"), "argv": sys.argv}
+        args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
