@@ -87,7 +87,9 @@ def isa_report() -> dict[str, Any]:
 
 
 def engine_for(model: str, dtype: str, batch: int, loaded: Any = None) -> EngineCore:
-    config = EngineConfig(model=model, dtype=dtype, max_num_seqs=batch, max_model_len=2048, enable_prefix_cache=False)
+    config = EngineConfig(
+        model=model, device="cpu", dtype=dtype, max_num_seqs=batch, max_model_len=2048, enable_prefix_cache=False
+    )  # the CPU engine, also on a machine with a GPU
     return EngineCore(config, parts=build_engine_parts(config, loaded=loaded))
 
 

@@ -39,7 +39,7 @@ def measure_one(model: str, dtype: str) -> dict[str, Any]:
     from engine.sampling_params import SamplingParams
     from tests.data.prompts import CHAT_PROMPTS
 
-    engine = EngineCore(EngineConfig(model=model, dtype=dtype))
+    engine = EngineCore(EngineConfig(model=model, device="cpu", dtype=dtype))
     prompt = prompt_ids(engine.tokenizer, CHAT_PROMPTS[:1])[0]
     engine.add_request("rss", prompt, SamplingParams(max_tokens=16, temperature=0.0))
     while engine.has_unfinished_requests():
