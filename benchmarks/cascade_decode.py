@@ -25,7 +25,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.engine_gpu import LLAMA3_8B, ceilings, engine_for, random_model, word_tokenizer  # noqa: E402
+from benchmarks.engine_gpu import (  # noqa: E402
+    LLAMA3_8B,
+    ceilings,
+    engine_for,
+    random_model,
+    timed_decode_steps,
+    word_tokenizer,
+)
 from engine.core import EngineCore  # noqa: E402
 from engine.loader.load import LoadedModel  # noqa: E402
 from engine.loader.resolve import ModelSource  # noqa: E402
@@ -41,21 +48,7 @@ def step_ms(engine: EngineCore, batch: int, shared: int, own: int, steps: int) -
     params = SamplingParams(max_tokens=steps + 40, temperature=0.0, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"r{i}", system + torch.randint(3, vocab, (own,), generator=gen).tolist(), params)
-    while any(len(r.output_ids) == 0 for r in engine.requests.values()):
-        engine.step()
-    for _ in range(5):
-        engine.step()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-    for rid in list(engine.requests):
-        engine.abort_request(rid)
-    while engine.has_unfinished_requests():
-        engine.step()
-    return 1e3 * elapsed / steps
+    return 1e3 * timed_decode_steps(engine, steps)
 
 
 def main() -> None:

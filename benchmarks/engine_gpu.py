@@ -173,6 +173,12 @@ def _decode_rate(
         engine.add_request(
             f"d{i}", prompt, SamplingParams(max_tokens=(steps + 40) * tokens_per_step, temperature=0.0, ignore_eos=True)
         )
+    return timed_decode_steps(engine, steps), prompt_len + 5 + steps / 2
+
+
+def timed_decode_steps(engine: EngineCore, steps: int) -> float:
+    """Seconds per step over `steps` steps of the requests already added, once each has its
+    first token and 5 more steps have run; then every request is aborted."""
     while any(len(r.output_ids) == 0 for r in engine.requests.values()):
         engine.step()
     for _ in range(5):
@@ -187,7 +193,7 @@ def _decode_rate(
         engine.abort_request(rid)
     while engine.has_unfinished_requests():
         engine.step()
-    return elapsed / steps, prompt_len + 5 + steps / 2
+    return elapsed / steps
 
 
 def decode(loaded: LoadedModel, ceil: dict[str, float], batches: list[int]) -> list[dict[str, Any]]:
