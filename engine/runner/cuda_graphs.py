@@ -90,6 +90,11 @@ class GraphedStep:
     def _captures_shared(self, bucket: int) -> bool:
         return self.shared_from is not None and bucket >= self.shared_from
 
+    def replays_shared(self, batch: int) -> bool:
+        """Whether a batch of this size replays a graph that can run the shared pass."""
+        bucket = self.bucket_for(batch)
+        return bucket is not None and self._captures_shared(bucket)
+
     def replay(
         self, rows: np.ndarray, starts: np.ndarray, grammar: HostGrammarRows | None, shared: SharedRows | None = None
     ) -> DeviceStepOutput:

@@ -167,9 +167,12 @@ class ModelRunner:
         drafting = self.drafts_for(reqs, graphable)
         graphs = self.graphs if drafting or self.dspark is None else self.graphs_without_draft
         grammar = HostGrammarRows.fill(reqs, self.vocab_size)
-        shared = self.shared_rows(rows, np.array([r.kv_len for r in reqs]))  # kv_len: a lower bound
-        if graphs is not None and graphable and graphs.bucket_for(len(reqs)) is not None:
-            return PendingStep(graphs.replay(rows, starts, grammar, shared), self.copy_stream)
+        replay = graphs if graphs is not None and graphable and graphs.bucket_for(len(reqs)) is not None else None
+        shared = None  # a replayed bucket without the shared pass has no use for it
+        if replay is None or replay.replays_shared(len(reqs)):
+            shared = self.shared_rows(rows, np.array([r.kv_len for r in reqs]))  # kv_len: a lower bound
+        if replay is not None:
+            return PendingStep(replay.replay(rows, starts, grammar, shared), self.copy_stream)
         rows_d = to_device(rows, self.device)
         starts_d = to_device(starts, self.device)
         grammar_d = None if grammar is None else grammar.to_device(self.device)
