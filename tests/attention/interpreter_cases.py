@@ -6,14 +6,13 @@ several key blocks, query blocks and splits.
 
 Not collected by a plain `pytest` run (the name lacks `test_`): test_attention_triton.py
 runs this file in a subprocess with TRITON_INTERPRET=1, because the variable must be set
-before triton itself is first imported (see there). Run it directly with
+before triton itself is first imported (tests/triton_interpreter.py). Run it directly with
 `TRITON_INTERPRET=1 python -m pytest tests/attention/interpreter_cases.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
@@ -26,38 +25,9 @@ from attention_cases import (
     tolerance,
 )
 
-triton = pytest.importorskip("triton")
-if os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("needs TRITON_INTERPRET=1 set before triton is imported", allow_module_level=True)
+from tests.triton_interpreter import require_interpreter
 
-import numpy as np  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-INCOMPATIBLE = "interpreter-incompatible"
-
-
-@triton.jit
-def _runtime_loop_probe(out_ptr):
-    for i in range(tl.program_id(0), 2):  # loop bounds from a runtime value, as the kernels do
-        tl.store(out_ptr + i, i)
-
-
-def _interpreter_runs_runtime_loops() -> bool:
-    try:
-        _runtime_loop_probe[(1,)](torch.zeros(2, dtype=torch.int32))
-    except Exception as exc:  # triton <= 3.6's interpreter calls int() on 1-element arrays
-        if "0-dimensional" in repr(exc):
-            return False
-        raise
-    return True
-
-
-if not _interpreter_runs_runtime_loops():
-    pytest.skip(
-        f"{INCOMPATIBLE}: the interpreter of triton {triton.__version__} cannot run loops with "
-        f"runtime bounds under numpy {np.__version__} (use numpy<2.4 or a newer triton)",
-        allow_module_level=True,
-    )
+require_interpreter()
 
 import engine.attention.triton_backend as triton_backend  # noqa: E402
 import engine.kernels.store_kv as store_kv_module  # noqa: E402
