@@ -52,7 +52,8 @@ test: install system-deps
 # The CPU kernels' fallbacks, tested on every run rather than only on CI machines that lack the
 # instructions: the test files that depend on those kernels again, under each instruction-set
 # level below this CPU's own (DSPARK_CPU_ISA, engine/kernels/cpu/isa.py; on an AVX-512 BF16
-# CPU, avx2 and avx512), with oneDNN and ATen capped alike, as on a machine of that level.
+# CPU, portable, avx2 and avx512), with oneDNN and ATen capped alike, as on a machine of that
+# level (portable: ATen's default kernels and oneDNN's SSE4.1, which every x86-64 CPU runs).
 # `make test` covers the CPU's own level. About a minute per level on 2 cores.
 ISA_TESTS := tests/cpu_kernels tests/engine/test_cpu_packed_linear.py tests/engine/test_cpu_decoder_stack.py \
 	tests/attention/test_cpu_kernel.py tests/attention/test_attention_torch.py
@@ -61,6 +62,7 @@ ISA_SELECT := not test_attention_torch or cpu-kernel
 test-isa: install
 	@for level in $$($(PY) -c 'from engine.kernels.cpu import isa; print(*isa.levels_below_cpu())'); do \
 	  case $$level in \
+	    portable) caps="ONEDNN_MAX_CPU_ISA=SSE41 ATEN_CPU_CAPABILITY=default";; \
 	    avx2) caps="ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2";; \
 	    avx512) caps="ONEDNN_MAX_CPU_ISA=AVX512_CORE ATEN_CPU_CAPABILITY=avx512";; \
 	    *) caps="ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 ATEN_CPU_CAPABILITY=avx512";; \
