@@ -11,8 +11,11 @@ builds them (engine/runner/batch_inputs.py):
 - verify: 64 requests, a DSpark window of 8 rows each;
 - mixed: the 154 decode rows, then 3 chunks of 143 tokens (a mixed step's token mix).
 Per forward: the Triton backend without the shared pass (`own-keys`), with it at the default
-launch shape (`cascade`), and each launch shape of the shared pass in SHAPES. CUDA events over
-`iters` calls after a warm-up; KV store included (it is the same in every variant).
+launch shape (`cascade`), and the whole cascade at each launch shape of the shared pass in
+SHAPES (tiles, warps, stages, key splits). For the forwards whose own pass is the split-KV
+kernel (decode, verify), that pass alone at each launch shape in OWN_SHAPES, folding
+shared partials that stand for no keys (its cost does not depend on their values). CUDA events
+over `iters` calls after a warm-up; the backend variants include the KV store.
 """
 
 from __future__ import annotations
@@ -33,14 +36,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from engine.kernels.attention_metadata import AttentionMetadata  # noqa: E402
 from engine.kernels.triton import shared_prefix_attention  # noqa: E402
+from engine.kernels.triton.decode_attention import MAX_ROWS, own_keys_attention, split_kv_rows  # noqa: E402
 from engine.kernels.triton.shared_prefix_attention import SharedTiles  # noqa: E402
 from engine.runner.batch_inputs import ExtendInputs, concat_extend, expand_extend, uniform_window  # noqa: E402
 from engine.runner.shared_prefix_rows import find_shared_prefix  # noqa: E402
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
-SHAPES = [SharedTiles(m, n, w, s) for m, n, w, s in
-          [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 2),
-           (128, 32, 4, 2)]]  # fmt: skip
+SHAPES = [SharedTiles(m, n, w, s, splits) for m, n, w, s, splits in
+          [(64, 64, 4, 2, None), (64, 64, 4, 3, None), (128, 64, 8, 2, None), (128, 64, 8, 3, None),
+           (128, 128, 8, 2, None), (128, 64, 4, 3, None), (64, 128, 4, 2, None), (128, 32, 4, 2, None),
+           (128, 64, 8, 2, 1), (128, 64, 8, 2, 4), (128, 64, 8, 2, 8), (256, 64, 8, 2, None),
+           (128, 128, 8, 3, 4)]]  # fmt: skip
+# (splits, keys per tile, pipeline stages) of the own pass
+OWN_SHAPES = [(splits, n, 2) for splits in (1, 2, 4) for n in (32, 64, 128)] + [(1, 64, 3), (1, 32, 3), (2, 64, 3)]
+SHARED_SPLITS_FOLDED = 2  # shared partials the own pass folds in, as the default launch makes at 2k
 
 
 @dataclasses.dataclass
@@ -149,18 +158,38 @@ def measure(forward: Forward, k_cache: torch.Tensor, v_cache: torch.Tensor, iter
     def shared_pass_as(tiles: SharedTiles) -> Callable[[], torch.Tensor]:
         return lambda: shared_prefix_attention.cascade_attention(q, k_cache, v_cache, cascade, 0.088, out, tiles=tiles)
 
+    def own_pass_as(splits: int, block_n: int, num_stages: int) -> Callable[[], torch.Tensor]:
+        total = SHARED_SPLITS_FOLDED + (splits if splits > 1 else 0)
+        partial_o = torch.zeros(n, HQ, total, D, dtype=torch.float32, device=device)
+        partial_lse = torch.full((n, HQ, total), float("-inf"), dtype=torch.float32, device=device)
+
+        def run() -> torch.Tensor:
+            own_keys_attention(
+                q, k_cache, v_cache, cascade, 0.088, out, partial_o, partial_lse, SHARED_SPLITS_FOLDED, splits,
+                block_n, num_stages,
+            )  # fmt: skip
+            return out
+
+        return run
+
     variants = {"own-keys": through_backend(plain), "cascade": through_backend(cascade)}
     for tiles in SHAPES:
-        variants[f"shared {tiles.block_m}x{tiles.block_n} w{tiles.num_warps} s{tiles.num_stages}"] = shared_pass_as(
-            tiles
-        )
+        label = f"cascade, shared {tiles.block_m}x{tiles.block_n} w{tiles.num_warps} s{tiles.num_stages}"
+        variants[f"{label} splits {tiles.num_splits or 'auto'}"] = shared_pass_as(tiles)
+    own_only = set()
+    if cascade.parts is None and split_kv_rows(cascade, HQ // HKV) <= MAX_ROWS:
+        for splits, block_n, num_stages in OWN_SHAPES:
+            label = f"own pass alone, splits {splits} n{block_n} s{num_stages}"
+            variants[label] = own_pass_as(splits, block_n, num_stages)
+            own_only.add(label)
     reference = backend.forward(q, k, v, k_cache, v_cache, plain, 0.088).float()
     rows = []
     for label, fn in variants.items():
-        error = (fn().float() - reference).abs().max().item()
+        result = fn().float()
+        error = float("nan") if label in own_only else (result - reference).abs().max().item()
         us = time_us(fn, iters)
         rows.append({"forward": forward.name, "tokens": n, "variant": label, "us": us, "max_abs_error": error})
-        print(f"{forward.name:7s} T={n:4d} {label:28s} {us:8.1f} us  max |diff| {error:.4f}", flush=True)
+        print(f"{forward.name:7s} T={n:4d} {label:52s} {us:8.1f} us  max |diff| {error:.4f}", flush=True)
     return rows
 
 

@@ -212,6 +212,7 @@ def decode_attention(
     out: torch.Tensor,  # [T, Hq, D]
     num_splits: int | None = None,  # None: num_kv_splits(...)
     block_n: int | None = None,
+    num_stages: int = 2,
 ) -> torch.Tensor:
     """Split-KV attention for forwards with `split_kv_rows(meta, G) <= MAX_ROWS` (every key;
     `meta.shared` is for own_keys_attention)."""
@@ -222,11 +223,12 @@ def decode_attention(
         num_splits = num_kv_splits(meta.batch_size, k_cache.shape[1], meta.max_seq_len, q.device)
     if num_splits == 1:
         unused = q.new_empty(1, dtype=torch.float32)
-        _launch(q, k_cache, v_cache, meta, scale, out, (unused, unused), 1, 0, block_n, shared=False)
+        _launch(q, k_cache, v_cache, meta, scale, out, (unused, unused), 1, 0, block_n, num_stages, shared=False)
         return out
     partial_o = torch.empty(num_tokens, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     partial_lse = torch.empty(num_tokens, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
-    _launch(q, k_cache, v_cache, meta, scale, out, (partial_o, partial_lse), num_splits, 0, block_n, shared=False)
+    partials = (partial_o, partial_lse)
+    _launch(q, k_cache, v_cache, meta, scale, out, partials, num_splits, 0, block_n, num_stages, shared=False)
     return merge_splits(partial_o, partial_lse, out)
 
 
@@ -242,6 +244,7 @@ def own_keys_attention(
     num_shared_splits: int,
     num_splits: int,
     block_n: int | None = None,
+    num_stages: int = 2,
 ) -> None:
     """`out` over every key, given the shared keys' partials: one split folds them in and
     writes `out`; several write their own partials after them, then one merge."""
@@ -250,10 +253,10 @@ def own_keys_attention(
     assert meta.shared is not None, "own keys follow shared ones: use decode_attention"
     if num_splits == 1:
         partials = (partial_o, partial_lse)
-        _launch(q, k_cache, v_cache, meta, scale, out, partials, 1, num_shared_splits, block_n, shared=True)
+        _launch(q, k_cache, v_cache, meta, scale, out, partials, 1, num_shared_splits, block_n, num_stages, shared=True)
         return
     own = (partial_o[:, :, num_shared_splits:], partial_lse[:, :, num_shared_splits:])
-    _launch(q, k_cache, v_cache, meta, scale, out, own, num_splits, 0, block_n, shared=True)
+    _launch(q, k_cache, v_cache, meta, scale, out, own, num_splits, 0, block_n, num_stages, shared=True)
     total = num_shared_splits + num_splits
     merge_splits(partial_o[:, :, :total], partial_lse[:, :, :total], out)
 
@@ -269,6 +272,7 @@ def _launch(
     num_splits: int,
     fold_splits: int,
     block_n: int | None,
+    num_stages: int,
     shared: bool,
 ) -> None:
     num_tokens, num_q_heads, head_dim = q.shape
@@ -322,7 +326,7 @@ def _launch(
         HAS_SHARED=shared,
         INPUT_PRECISION=precision,
         num_warps=4,
-        num_stages=2,
+        num_stages=num_stages,
     )
 
 

@@ -140,6 +140,7 @@ class SharedTiles:
     block_n: int  # keys per tile
     num_warps: int
     num_stages: int
+    num_splits: int | None = None  # key splits; None: num_shared_splits(...)
 
 
 def default_tiles(head_dim: int, rows: int, device: torch.device) -> SharedTiles:
@@ -189,7 +190,7 @@ def cascade_attention(
     rows = num_tokens * group
     tiles = tiles or default_tiles(head_dim, rows, q.device)
     row_blocks = triton.cdiv(rows, tiles.block_m)
-    shared_splits = num_shared_splits(row_blocks, num_kv_heads, shared.max_length, q.device)
+    shared_splits = tiles.num_splits or num_shared_splits(row_blocks, num_kv_heads, shared.max_length, q.device)
     parts = meta.parts if meta.parts is not None else (meta,)
     own_splits = [_own_splits(part, group, num_kv_heads, q.device) for part in parts]
     total = shared_splits + max(own_splits)
