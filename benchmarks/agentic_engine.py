@@ -66,11 +66,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gpu_busy import BusyShare, BusyWindow  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
+from benchmarks.step_floor import StepMix, projection_rate, step_floor  # noqa: E402
+from engine.config import (
+    EngineConfig,  # noqa: E402
+    ModelConfig,  # noqa: E402
+)
 from engine.core import EngineCore  # noqa: E402
 from engine.engine_setup import build_engine_parts  # noqa: E402
 from engine.loader.load import LoadedModel, load_model  # noqa: E402
 from engine.loader.resolve import ModelSource  # noqa: E402
+from engine.request import RequestStatus  # noqa: E402
 from engine.runner.options import RunnerOptions  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 
@@ -146,6 +151,11 @@ class PolicyResult:
     gpu_busy_share: float | None = None  # device ms / wall ms per window step
     profiled_span_busy_share: float | None = None  # busy / span under the profiler (biased low)
     top_kernels_ms: tuple[tuple[str, float], ...] = ()  # over the profiled window
+    # the window's mean step against what its token mix needs (benchmarks/step_floor.py)
+    step_mix: dict[str, float] | None = None
+    floor_peak_ms: float | None = None  # at the device's peak matmul rate
+    floor_at_shape_ms: float | None = None  # at the rate of the model's projections at the step's tokens
+    floor_parts_ms: dict[str, float] | None = None  # at the peak rate: linear, weights, kv, attention
 
 
 @dataclass(frozen=True)
@@ -162,6 +172,40 @@ class SteadyWindow:
     wall_s: float  # the loop's wall time over the window's steps
     host_s: float  # of which inside EngineCore.step
     busy: BusyShare | None  # the profiler's reading (profiled pass only)
+    contexts: ContextSample | None = None  # profiled pass only (the timed pass's wall stays clean)
+
+
+@dataclass
+class ContextSample:
+    """Requests' contexts before each profiled window step, summed over the window's steps."""
+
+    decode_requests: int = 0
+    decode_own_keys: int = 0  # past the shared prefix
+    prefill_requests: int = 0
+    prefill_context: int = 0  # keys before the request's next chunk
+    prefill_remaining: int = 0  # tokens left to prefill
+
+    def add(self, engine: EngineCore, shared_prefix: int) -> None:
+        for request in engine.requests.values():
+            if request.status is RequestStatus.DECODING:
+                self.decode_requests += 1
+                self.decode_own_keys += max(request.kv_len - shared_prefix, 0)
+            elif request.status is RequestStatus.PREFILLING:
+                context = max(request.kv_len, request.num_cached)
+                self.prefill_requests += 1
+                self.prefill_context += context
+                self.prefill_remaining += max(len(request.fill_ids) - context, 1)
+
+    def mix(self, result: PolicyResult, shared_prefix: int) -> StepMix:
+        per_chunk = self.prefill_remaining / max(self.prefill_requests, 1)
+        return StepMix(
+            decode_rows=result.decode_rows_per_step,
+            prefill_tokens=result.prefill_tokens_per_step,
+            decode_own_keys=self.decode_own_keys / max(self.decode_requests, 1),
+            chunks=result.prefill_tokens_per_step / max(per_chunk, 1.0),
+            chunk_context=self.prefill_context / max(self.prefill_requests, 1),
+            shared_keys=shared_prefix,
+        )
 
 
 def run_policy(
@@ -193,6 +237,7 @@ def run_policy(
     output_tokens = requests_done = 0
     step_s = 0.0
     profiler = BusyWindow() if profile else None
+    contexts = ContextSample() if profile else None
     in_window, window_start, window_host_s, counted = False, 0.0, 0.0, 0
     steady: SteadyWindow | None = None
     start = time.perf_counter()
@@ -203,6 +248,8 @@ def run_policy(
             in_window, window_start = True, time.perf_counter()
             if profiler is not None:
                 profiler.start()
+        if in_window and contexts is not None:
+            contexts.add(engine, load.shared_prefix)
         t0 = time.perf_counter()
         outputs = engine.step()
         step_s += time.perf_counter() - t0
@@ -233,7 +280,7 @@ def run_policy(
                 torch.cuda.synchronize()
             wall = time.perf_counter() - window_start
             busy = profiler.stop(counted) if profiler is not None else None  # after the clock stops
-            steady = SteadyWindow(counted, wall, window_host_s, busy)
+            steady = SteadyWindow(counted, wall, window_host_s, busy, contexts)
     wall = time.perf_counter() - start
     if in_window and profiler is not None:
         profiler.stop(max(counted, 1))  # the run ended inside the window: too short to call steady
@@ -300,6 +347,25 @@ def with_window(result: PolicyResult, timed: SteadyWindow | None, profiled: Stea
     return dataclasses.replace(result, **fields)
 
 
+def with_floor(
+    result: PolicyResult, profiled: SteadyWindow | None, load: Workload, config: ModelConfig, rates: dict[str, float]
+) -> PolicyResult:
+    """`result` with the floor of its window's mean token mix (benchmarks/step_floor.py)."""
+    if profiled is None or profiled.contexts is None or result.device_ms_per_step is None:
+        return result
+    mix = profiled.contexts.mix(result, load.shared_prefix)
+    copy, peak = rates["copy_bytes_per_s"], rates["bf16_flops_per_s"]
+    at_peak = step_floor(config, mix, copy, peak)
+    at_shape = step_floor(config, mix, copy, projection_rate(config, round(mix.decode_rows + mix.prefill_tokens)))
+    return dataclasses.replace(
+        result,
+        step_mix=asdict(mix),
+        floor_peak_ms=at_peak.total_ms,
+        floor_at_shape_ms=at_shape.total_ms,
+        floor_parts_ms=asdict(at_peak),
+    )
+
+
 def build_engine(
     loaded: LoadedModel,
     args: argparse.Namespace,
@@ -362,6 +428,11 @@ def main() -> None:
         graph_choices = [False]  # graphs are captured on a GPU only
         cascade_choices = [False]  # the shared pass is the Triton backend's
     profile_steps = args.profile_steps if args.device.startswith("cuda") else 0
+    rates: dict[str, float] = {}
+    if profile_steps:
+        from benchmarks.engine_gpu import ceilings
+
+        rates = ceilings()
     results: list[dict[str, Any]] = []
     for sessions in (int(s) for s in args.sessions.split(",")):
         load = Workload(sessions, args.shared_prefix, args.turns, args.turn_tokens, args.output_tokens, args.seed)
@@ -374,6 +445,7 @@ def main() -> None:
             result = dataclasses.replace(
                 with_window(result, timed, profiled), extend_graphs=variant.extend_graphs, cascade=variant.cascade
             )
+            result = with_floor(result, profiled, load, loaded.config, rates)
             results.append(asdict(result))
             print(_line(result), flush=True)
     meta = {
@@ -382,6 +454,7 @@ def main() -> None:
         "processor": platform.processor(),
         "torch_threads": torch.get_num_threads(),
         "argv": sys.argv,
+        "rates": rates,
     }
     if args.out is not None:
         args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
@@ -439,6 +512,14 @@ def _line(result: PolicyResult) -> str:
             f"GPU busy {100 * result.gpu_busy_share:.1f} % (under the profiler "
             f"{100 * (result.profiled_span_busy_share or 0):.1f} %)"
         )
+        device_ms = result.device_ms_per_step
+        if device_ms is not None and result.floor_peak_ms is not None and result.floor_at_shape_ms is not None:
+            line += (
+                f"\n    floor of the mix {result.floor_peak_ms:.2f} ms at peak matmul rate "
+                f"({device_ms / result.floor_peak_ms:.2f}x), {result.floor_at_shape_ms:.2f} ms at the projections' "
+                f"rate at this token count ({device_ms / result.floor_at_shape_ms:.2f}x); parts {result.floor_parts_ms}"
+                f"; mix {result.step_mix}"
+            )
         for name, ms in result.top_kernels_ms:
             line += f"\n    {ms:9.1f} ms  {name[:110]}"
     return line
