@@ -11,11 +11,13 @@ plain decoding: serve with `--speculative off` to compare like with like.
         [--output-dir DIR] [bench's workload options: --workload agentic --seed 0 --turns 3,8 ...]
 
 Per request: the prompt is the conversation rendered by the model's chat template, as the
-gateway renders it; TTFT runs from `add_request` to the first step output with text (the
-first content chunk a client would see); ITL between outputs with text; output tokens are
-the engine's count. Sessions record the decoded reply, so later turns carry it. An untimed
-warm-up of the same workload (another seed) runs first, as stack_overhead.sh runs one
-against the service.
+gateway renders it; TTFT runs from the moment the client is ready to send (its think time
+over) to the first step output with text (the first content chunk a client would see). A
+request that comes due while a step runs is added when the step ends, as a server adds it
+after the step in flight, and that wait counts, as it does for a client of the server. ITL
+between outputs with text; output tokens are the engine's count. Sessions record the decoded
+reply, so later turns carry it. An untimed warm-up of the same workload (another seed) runs
+first, as stack_overhead.sh runs one against the service.
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ class ClosedLoop:
     results: list[RequestResult] = field(default_factory=list)
     ids: itertools.count[int] = field(default_factory=itertools.count)
 
-    def send(self, client: _Client, now: float) -> None:
+    def send(self, client: _Client, ready_s: float) -> None:
         """Start the client's next request, opening a new session when its last one ended;
         marks the client done once the level's budget is spent."""
         while True:
@@ -83,7 +85,7 @@ class ClosedLoop:
         prompt = list(tokenizer.encode(text, add_special_tokens=False))
         params = SamplingParams(max_tokens=request.max_tokens, temperature=self.temperature)
         client.request_id = f"r{next(self.ids)}"
-        client.result = RequestResult(ok=False, start_s=now, end_s=now, prompt_tokens=len(prompt))
+        client.result = RequestResult(ok=False, start_s=ready_s, end_s=ready_s, prompt_tokens=len(prompt))
         client.last_text_s = None
         self.engine.add_request(client.request_id, prompt, params)
 
@@ -95,7 +97,7 @@ class ClosedLoop:
             now = time.perf_counter()
             for client in clients:
                 if not client.done and client.request_id is None and client.ready_s <= now:
-                    self.send(client, now)
+                    self.send(client, max(client.ready_s, start))
                     if client.request_id is not None:
                         by_id[client.request_id] = client
             if self.engine.has_unfinished_requests():
