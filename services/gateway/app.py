@@ -53,11 +53,8 @@ logger = logging.getLogger(__name__)
 
 Parsed = TypeVar("Parsed")
 
-# A body of at most this size is decoded on the event loop (docs/design.md §6.8): at most
-# about 0.6 ms (16 KiB of token ids; 0.03 ms for a chat body), where the round trip through
-# a preparation thread adds 0.3-0.5 ms to the request's time to first token
-# (docs/results/ttft-hops-cpu.md). Validation stays off the loop at any size: a body with
-# a dozen tools takes tens of ms to validate.
+# decoded on the event loop up to this size: under 0.6 ms, less than the preparation thread's
+# round trip it saves the request (docs/design.md §6.8, docs/results/ttft-hops-cpu.md)
 INLINE_BODY_BYTES = 16 * 1024
 
 

@@ -38,7 +38,7 @@ class WorkerInfo:
 @dataclass(frozen=True)
 class Submission:
     """A request for a worker's engine (its `add_request`), one argument of the Ray call:
-    Ray serialises each argument of a call on its own, which costs about 0.2 ms more on
+    Ray serialises each argument of a call on its own, which costs 0.2-0.3 ms more on
     the way to the worker for the six separate values (docs/results/ttft-hops-cpu.md)."""
 
     consumer: str
