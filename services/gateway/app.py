@@ -53,6 +53,10 @@ logger = logging.getLogger(__name__)
 
 Parsed = TypeVar("Parsed")
 
+# decoded on the event loop up to this size: under 0.6 ms, less than the preparation thread's
+# round trip it saves the request (docs/design.md §6.8, docs/results/ttft-hops-cpu.md)
+INLINE_BODY_BYTES = 16 * 1024
+
 
 @dataclass
 class Admission:
@@ -122,6 +126,8 @@ class Gateway:
         return await read_body(request, self.config.max_body_bytes, self.config.admission.body_timeout_s)
 
     async def parse_body(self, raw: bytes) -> dict[str, Any]:
+        if len(raw) <= INLINE_BODY_BYTES:
+            return parse_json_object(raw)
         return await self.preparation.run(parse_json_object, raw)
 
     async def read_json(self, request: Request) -> dict[str, Any]:

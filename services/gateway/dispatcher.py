@@ -119,6 +119,7 @@ class Dispatcher:
             if disaggregated:
                 self._hold(tracked, route.decode)
             replica = self.pool.replicas[first]
+            tracked.submitted_s = time.perf_counter()
             try:
                 ack = await replica.client.add_request(
                     self.pool.consumer_id,
@@ -200,7 +201,7 @@ class Dispatcher:
                     tracked.num_cached_tokens = out.num_cached_tokens
                     if out.num_prompt_tokens:
                         tracked.num_prompt_tokens = out.num_prompt_tokens
-                    timings = out.timings
+                    timings = tracked.worker_timings = out.timings
                     if timings and timings.first_token_s is not None and timings.first_scheduled_s is not None:
                         tracked.prefill_s = max(0.0, timings.first_token_s - timings.first_scheduled_s)
                 elif tracked.stage == "transfer" and tracked.decode_start_s is None:

@@ -7,11 +7,13 @@ through the gateway and keeps the gateway's running/waiting gauges. `WorkerStats
 re-exports the engine stats the gateway polls from its workers with role = the worker's role,
 so one scrape of the gateway covers the deployment. Worker counters restart at zero when a
 worker restarts; the exporter adds deltas per worker instance, so the exported counters stay
-monotonic.
+monotonic. At debug level each served request logs where its first token's time went
+(`first_token_hops`).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +25,8 @@ from services.metrics import Metrics
 GATEWAY_ROLE = "gateway"
 UNKNOWN_MODEL = "unknown"  # label of requests that name no served model (never echo user input)
 CLIENT_CLOSED = 499  # the client disconnected before the response was complete (nginx's code)
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -154,6 +158,15 @@ class RequestMetrics:
         )
         if last is not None:
             self._phases(model, last)
+        if logger.isEnabledFor(logging.DEBUG):
+            for t in tracked:
+                hops = first_token_hops(timer, t)
+                if hops is not None:
+                    logger.debug(
+                        "request %s first token hops ms: %s",
+                        t.request_id,
+                        " ".join(f"{name}={1e3 * s:.1f}" for name, s in hops.items()),
+                    )
 
     def _phases(self, model: str, t: Tracked) -> None:
         """queue + prefill (+ transfer) + decode partition arrival -> last token on the
@@ -176,6 +189,36 @@ class RequestMetrics:
             transfer.observe(decode_from - t.handoff_s)
         decode = m.histogram("dspark_request_decode_time_seconds").labels(*decode_role)
         decode.observe(max(0.0, last - decode_from))
+
+
+def first_token_hops(timer: RequestTimer, t: Tracked) -> dict[str, float] | None:
+    """Arrival -> first content byte of one choice, hop by hop (seconds), on the gateway's
+    clock and the worker's (perf_counter: one clock on one host; across hosts the hops
+    `submit` and `back` absorb the offset): `prepare` body to worker call (JSON, validation,
+    chat template, tokenising, routing), `submit` the call reaching the worker, `wait` the
+    worker's step thread and engine queue until the request is scheduled, `prefill` scheduled
+    to first token in the engine, `back` the engine's output to the gateway (outbox, long
+    poll), `send` the gateway's output to the client's connection. None for a choice that
+    moved between workers or whose times are incomplete."""
+    w = t.worker_timings
+    if (
+        t.migrations
+        or w is None
+        or w.first_scheduled_s is None
+        or w.first_token_s is None
+        or t.submitted_s is None
+        or t.first_token_s is None
+        or timer.first_content_s is None
+    ):
+        return None
+    return {
+        "prepare": t.submitted_s - timer.arrival_s,
+        "submit": w.arrival_s - t.submitted_s,
+        "wait": w.first_scheduled_s - w.arrival_s,
+        "prefill": w.first_token_s - w.first_scheduled_s,
+        "back": t.first_token_s - w.first_token_s,
+        "send": timer.first_content_s - t.first_token_s,
+    }
 
 
 _COUNTERS = (

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from engine.handoff import Continuation
-from engine.outputs import RequestOutput
+from engine.outputs import RequestOutput, RequestTimings
 from engine.sampling_params import SamplingParams
 from services.gateway.errors import APIError
 
@@ -33,11 +33,14 @@ class Tracked:
     decode_role: str = "worker"  # role of the replica that decoded it
     holds: list[str] = field(default_factory=list)  # replicas whose inflight count includes it
     # phase boundaries on the gateway clock (perf_counter seconds)
+    submitted_s: float | None = None  # the add_request call to the worker that prefilled it
     first_token_s: float | None = None
     handoff_s: float | None = None
     decode_start_s: float | None = None
     last_token_s: float | None = None
     prefill_s: float | None = None  # engine-measured: first scheduled -> first token
+    # the first token's engine timings (the worker's perf_counter: the gateway's clock on one host)
+    worker_timings: RequestTimings | None = None
     num_cached_tokens: int = 0
     num_prompt_tokens: int = 0
     finish_reason: str | None = None

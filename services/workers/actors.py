@@ -17,13 +17,11 @@ from typing import Any
 import ray
 
 from engine.config import EngineConfig
-from engine.handoff import Continuation
-from engine.sampling_params import SamplingParams
 from services.workers.drain import drain_within
 from services.workers.engine_loop import EngineLoop
 from services.workers.transfer import TransferTicket
 from services.workers.transports import make_transfer
-from services.workers.types import Ack, PollResult, Role, StatsSnapshot, WorkerInfo
+from services.workers.types import Ack, PollResult, Role, StatsSnapshot, Submission, WorkerInfo
 
 logger = logging.getLogger(__name__)
 
@@ -90,19 +88,16 @@ class _EngineWorker:
     async def get_tokenizer(self) -> Any:
         return self._loop.engine.tokenizer
 
-    async def add_request(
-        self,
-        consumer: str,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        prefill_only: bool = False,
-        continuation: Continuation | None = None,
-    ) -> Ack:
+    async def add_request(self, submission: Submission) -> Ack:
         import asyncio
 
         future = self._loop.add_request(
-            consumer, request_id, prompt_token_ids, params, prefill_only=prefill_only, continuation=continuation
+            submission.consumer,
+            submission.request_id,
+            submission.prompt_token_ids,
+            submission.params,
+            prefill_only=submission.prefill_only,
+            continuation=submission.continuation,
         )
         return await asyncio.wrap_future(future)
 

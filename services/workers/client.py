@@ -16,7 +16,7 @@ from engine.handoff import Continuation
 from engine.sampling_params import SamplingParams
 from services.workers.engine_loop import EngineLoop
 from services.workers.transfer import TransferTicket
-from services.workers.types import Ack, PollResult, Role, StatsSnapshot, WorkerInfo
+from services.workers.types import Ack, PollResult, Role, StatsSnapshot, Submission, WorkerInfo
 
 
 class WorkerUnavailable(RuntimeError):
@@ -98,16 +98,8 @@ class RayWorkerClient(WorkerClient):
         timeout_s: float,
         continuation: Continuation | None = None,
     ) -> Ack:
-        return await self._call(
-            "add_request",
-            consumer,
-            request_id,
-            prompt_token_ids,
-            params,
-            prefill_only,
-            continuation,
-            timeout_s=timeout_s,
-        )
+        submission = Submission(consumer, request_id, prompt_token_ids, params, prefill_only, continuation)
+        return await self._call("add_request", submission, timeout_s=timeout_s)
 
     async def receive_kv(
         self, consumer: str, request_id: str, ticket: TransferTicket, transfer_timeout_s: float

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
+import pytest
 from prometheus_client import generate_latest
 
 from engine.core import EngineStats
+from engine.outputs import RequestTimings
 from engine.sampling_params import SamplingParams
-from services.gateway.telemetry import RequestMetrics, RequestTimer, WorkerStatsExporter
+from services.gateway.telemetry import RequestMetrics, RequestTimer, WorkerStatsExporter, first_token_hops
 from services.gateway.tracked import Tracked
 from services.metrics import Metrics
 from services.workers.outbox import Outbox
@@ -94,6 +97,30 @@ def test_phases_partition_arrival_to_last_token() -> None:
     assert sample(metrics, "dspark_requests_total", status="200", **labels) == 1
     assert sample(metrics, "dspark_prompt_tokens_total", **labels) == 5
     assert sample(metrics, "dspark_generation_tokens_total", **labels) == 10
+
+
+def test_first_token_hops_partition_arrival_to_first_content(caplog: pytest.LogCaptureFixture) -> None:
+    timer = RequestTimer(arrival_s=10.0)
+    timer.content_sent(1, now=10.5)
+    worker = RequestTimings(arrival_s=10.03, first_scheduled_s=10.04, first_token_s=10.44)
+    t = tracked(submitted_s=10.01, worker_timings=worker, first_token_s=10.46, last_token_s=10.46)
+    hops = first_token_hops(timer, t)
+    assert hops is not None
+    assert {name: round(s, 6) for name, s in hops.items()} == {
+        "prepare": 0.01,
+        "submit": 0.02,
+        "wait": 0.01,
+        "prefill": 0.4,
+        "back": 0.02,
+        "send": 0.04,
+    }
+    assert abs(sum(hops.values()) - 0.5) < 1e-9
+    with caplog.at_level(logging.DEBUG, logger="services.gateway.telemetry"):
+        RequestMetrics(Metrics()).finished("m", timer, [t], 200, 5, 1, 1, end_s=10.5)
+    assert "request r first token hops ms: prepare=10.0 submit=20.0 wait=10.0 prefill=400.0" in caplog.text
+    t.migrations = 1  # the first token came from a worker it was moved to: no single path to show
+    assert first_token_hops(timer, t) is None
+    assert first_token_hops(timer, tracked(first_token_s=10.46)) is None  # no worker timings
 
 
 def test_failed_requests_are_counted_but_not_timed() -> None:
