@@ -10,6 +10,8 @@ decoded greedily with CUDA graphs; ms per decode step over `steps` steps, with t
 (`cascade`) and without it (`own-keys`), each on a fresh engine, alternating. The memory floor
 per step is the weight bytes plus the KV bytes a step must read, over the measured copy rate:
 every row's whole context (`floor, per row`) and the shared keys counted once (`floor, once`).
+`+graph MB`: what the engine with the shared pass reserves on the device beyond the one
+without it once built (its decode graphs are captured twice from 8 rows on).
 """
 
 from __future__ import annotations
@@ -71,17 +73,19 @@ def main() -> None:
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
     rows = []
     print(f"{'batch':>5} {'shared':>6} {'own-keys ms':>11} {'cascade ms':>10} {'ratio':>6} "
-          f"{'floor, per row':>14} {'floor, once':>11}", flush=True)  # fmt: skip
+          f"{'floor, per row':>14} {'floor, once':>11} {'+graph MB':>14}", flush=True)  # fmt: skip
     for batch in (int(b) for b in args.batches.split(",")):
         for shared in (int(s) for s in args.shared.split(",")):
-            ms = {}
+            ms, built_bytes = {}, {}
             for cascade in (False, True):
+                before = torch.cuda.memory_reserved()
                 engine = engine_for(
                     loaded,
                     RunnerOptions(cascade_attention=cascade, piecewise_extend_graphs=False),
                     max_num_seqs=batch,
                     kv_cache_memory_bytes=24 << 30,
                 )
+                built_bytes[cascade] = torch.cuda.memory_reserved() - before  # KV pool, graphs, buffers
                 ms[cascade] = step_ms(engine, batch, shared, args.own_tokens, args.steps)
                 del engine
                 gc.collect()
@@ -91,11 +95,13 @@ def main() -> None:
             once = (
                 1e3 * (weight_bytes + (shared + batch * (context - shared)) * kv_per_token) / ceil["copy_bytes_per_s"]
             )
+            graphs_mb = (built_bytes[True] - built_bytes[False]) / 2**20  # the shared-pass captures' share
             row = {"batch": batch, "shared": shared, "own_keys_ms": ms[False], "cascade_ms": ms[True],
-                   "floor_per_row_ms": per_row, "floor_once_ms": once}  # fmt: skip
+                   "floor_per_row_ms": per_row, "floor_once_ms": once,
+                   "engine_reserved_bytes": built_bytes, "shared_pass_graph_mb": graphs_mb}  # fmt: skip
             rows.append(row)
             print(f"{batch:5d} {shared:6d} {ms[False]:11.2f} {ms[True]:10.2f} {ms[False] / ms[True]:5.2f}x "
-                  f"{per_row:14.2f} {once:11.2f}", flush=True)  # fmt: skip
+                  f"{per_row:14.2f} {once:11.2f} {graphs_mb:14.0f}", flush=True)  # fmt: skip
     if args.out is not None:
         meta = {"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d %H:%M"), "argv": sys.argv}
         args.out.write_text(json.dumps({"meta": meta, "ceilings": ceil, "rows": rows}, indent=2))
