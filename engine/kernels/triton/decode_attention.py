@@ -5,7 +5,8 @@ rows fit one small tile: DSpark verify windows (W = gamma + 1 <= 16) and drafter
 One program owns (request b, kv head, split s): it loads all `extend * G` query rows that
 share the kv head (GQA: the G query heads of a kv head read each key once), walks its
 share of the request's keys through `req_to_token`, and keeps an fp32 online softmax
-(online_softmax.attend_tile, as the extend kernel does).
+(online_softmax.attend_keys, as the extend kernel does: the tiles every row sees whole
+without masks).
 A second kernel merges the splits by their log-sum-exp (Dao, Haziza, Massa, Sizov,
 "Flash-Decoding for long-context inference", 2023). With one split the first kernel writes
 the output itself.
@@ -32,7 +33,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.attention_metadata import AttentionMetadata
-from engine.kernels.triton.online_softmax import attend_tile, fold_partials, normalize
+from engine.kernels.triton.online_softmax import attend_keys, fold_partials, normalize
 
 LOG2E = math.log2(math.e)
 MAX_SPLITS = 64
@@ -115,12 +116,14 @@ def _split_kv_kernel(
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_R], tl.float32)
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    for start in range(kv_begin, kv_end, BLOCK_N):
-        acc, m_i, l_i = attend_tile(
-            q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
-            stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, last_key, kv_end,
-            scale_log2e, BLOCK_N, True, CAUSAL, INPUT_PRECISION,
-        )  # fmt: skip
+    # keys before the window's first row (its prefix) are visible to every row
+    visible_to_all = tl.minimum(kv_end, prefix_len + 1) if CAUSAL else kv_end
+    unmasked_end = kv_begin + (tl.maximum(visible_to_all - kv_begin, 0) // BLOCK_N) * BLOCK_N
+    acc, m_i, l_i = attend_keys(
+        q, acc, m_i, l_i, kv_begin, unmasked_end, kv_end, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
+        stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, last_key, scale_log2e,
+        BLOCK_N, CAUSAL, INPUT_PRECISION,
+    )  # fmt: skip
 
     if DIRECT_OUT:
         if HAS_SHARED:

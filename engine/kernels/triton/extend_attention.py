@@ -4,7 +4,7 @@ One program owns (request b, kv head, block of BLOCK_M query rows). A row is a p
 (query j, head g) of the G query heads that share the kv head, laid `j * G + g`, so each
 key tile loaded through `req_to_token` serves all G heads (GQA) and a short extend still
 fills the tile. FlashAttention-2 style online softmax in fp32 (Dao, 2023; the tile update is
-online_softmax.attend_tile): keys every row of the block may see are walked first without
+online_softmax.attend_keys): keys every row of the block may see are walked first without
 masks; the causal diagonal (and the ragged end of the request) is walked after, masked.
 
 The grid is (B, Hkv, cdiv(max_extend_len * G, BLOCK_M)) from host bounds; programs past a
@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.attention_metadata import AttentionMetadata
-from engine.kernels.triton.online_softmax import attend_tile, fold_partials, normalize
+from engine.kernels.triton.online_softmax import attend_keys, fold_partials, normalize
 
 LOG2E = math.log2(math.e)
 
@@ -111,18 +111,11 @@ def _extend_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(kv_start, unmasked_end, BLOCK_N):
-        acc, m_i, l_i = attend_tile(
-            q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
-            stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, last_key, kv_end,
-            scale_log2e, BLOCK_N, False, CAUSAL, INPUT_PRECISION,
-        )  # fmt: skip
-    for start in range(unmasked_end, kv_end, BLOCK_N):
-        acc, m_i, l_i = attend_tile(
-            q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
-            stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, last_key, kv_end,
-            scale_log2e, BLOCK_N, True, CAUSAL, INPUT_PRECISION,
-        )  # fmt: skip
+    acc, m_i, l_i = attend_keys(
+        q, acc, m_i, l_i, kv_start, unmasked_end, kv_end, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
+        stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, last_key, scale_log2e,
+        BLOCK_N, CAUSAL, INPUT_PRECISION,
+    )  # fmt: skip
 
     if SHARED:
         acc, m_i, l_i = fold_partials(

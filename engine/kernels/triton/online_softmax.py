@@ -5,7 +5,8 @@ A program holds a block of query rows `q [R, BLOCK_D]` (rows (query j, head g) o
 and its running state: `acc [R, BLOCK_D]` (unnormalised output), `m_i [R]` (running max of
 the scores, log2 domain) and `l_i [R]` (running sum of exp2(score - m_i)). `attend_tile`
 folds the next BLOCK_N keys, read through the request's `req_to_token` row, into that state;
-`normalize` gives the output once every tile is in. Rows that see no key yet keep
+`attend_keys` walks a range of keys tile by tile, the tiles every row may see whole without
+masks first; `normalize` gives the output once every tile is in. Rows that see no key yet keep
 m_i = -inf and l_i = 0, and normalise to 0.
 """
 
@@ -72,6 +73,48 @@ def attend_tile(
     )
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=INPUT_PRECISION)
     return acc, m_new, l_i
+
+
+@triton.jit
+def attend_keys(
+    q,  # [R, BLOCK_D]
+    acc,  # [R, BLOCK_D] fp32
+    m_i,  # [R] fp32
+    l_i,  # [R] fp32
+    kv_begin,  # first key
+    unmasked_end,  # kv_begin + a multiple of BLOCK_N: keys before it are visible to every row
+    kv_end,  # keys at or past it are not read
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_row_ptr,
+    kv_head,
+    stride_kc_slot,
+    stride_kc_h,
+    stride_vc_slot,
+    stride_vc_h,
+    dims,
+    dim_valid,
+    last_key,  # [R] causal bound of each row
+    scale_log2e,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+):
+    """(acc, m_i, l_i) after the keys [kv_begin, kv_end): the tiles before `unmasked_end`
+    without masks, the rest masked by `kv_end` (and by `last_key` if CAUSAL)."""
+    for start in range(kv_begin, unmasked_end, BLOCK_N):
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
+            stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, last_key, kv_end,
+            scale_log2e, BLOCK_N, False, CAUSAL, INPUT_PRECISION,
+        )  # fmt: skip
+    for start in range(unmasked_end, kv_end, BLOCK_N):
+        acc, m_i, l_i = attend_tile(
+            q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
+            stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, last_key, kv_end,
+            scale_log2e, BLOCK_N, True, CAUSAL, INPUT_PRECISION,
+        )  # fmt: skip
+    return acc, m_i, l_i
 
 
 @triton.jit

@@ -42,7 +42,7 @@ from engine.kernels.triton.decode_attention import (
     split_kv_rows,
 )
 from engine.kernels.triton.extend_attention import extend_attention
-from engine.kernels.triton.online_softmax import attend_tile, normalize
+from engine.kernels.triton.online_softmax import attend_keys, normalize
 
 LOG2E = math.log2(math.e)
 MAX_SHARED_SPLITS = 16
@@ -110,18 +110,11 @@ def _shared_prefix_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(kv_begin, full_end, BLOCK_N):
-        acc, m_i, l_i = attend_tile(
-            q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
-            stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, unused_bound, kv_end,
-            scale_log2e, BLOCK_N, False, False, INPUT_PRECISION,
-        )  # fmt: skip
-    for start in range(full_end, kv_end, BLOCK_N):
-        acc, m_i, l_i = attend_tile(
-            q, acc, m_i, l_i, start, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
-            stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, unused_bound, kv_end,
-            scale_log2e, BLOCK_N, True, False, INPUT_PRECISION,
-        )  # fmt: skip
+    acc, m_i, l_i = attend_keys(
+        q, acc, m_i, l_i, kv_begin, full_end, kv_end, k_cache_ptr, v_cache_ptr, slot_row_ptr, kv_head,
+        stride_kc_slot, stride_kc_h, stride_vc_slot, stride_vc_h, dims, dim_valid, unused_bound, scale_log2e,
+        BLOCK_N, False, INPUT_PRECISION,
+    )  # fmt: skip
 
     o = normalize(acc, l_i)
     partial = token * stride_pt + head * stride_ph + split * stride_ps
@@ -147,10 +140,10 @@ def default_tiles(head_dim: int, rows: int, device: torch.device) -> SharedTiles
     """The shared pass's tiles for `rows = T * G` query rows per kv head."""
     if device.type != "cuda":  # the interpreter: small tiles keep tests quick and multi-block
         return SharedTiles(16, 16, 4, 2)
+    # 64 x 64 tiles, 4 warps, 3 stages: the fastest or within 2 % of it for decode rows, DSpark
+    # verify windows and a mixed step on an H100 (benchmarks/cascade_kernels.py, docs/benchmarks.md)
     block_n = 64 if head_dim <= 128 else 32
-    if rows >= 1024:
-        return SharedTiles(128, block_n, 8, 2)
-    return SharedTiles(max(16, min(64, triton.next_power_of_2(rows))), block_n, 4, 2)
+    return SharedTiles(max(16, min(64, triton.next_power_of_2(rows))), block_n, 4, 3)
 
 
 def num_shared_splits(row_blocks: int, num_kv_heads: int, max_length: int, device: torch.device) -> int:
