@@ -177,33 +177,36 @@ class SteadyWindow:
 
 @dataclass
 class ContextSample:
-    """Requests' contexts before each profiled window step, summed over the window's steps."""
+    """What the profiled window's steps read: the decode rows' contexts, sampled before each
+    step, and the turns submitted in the window (each turn's new tokens are one chunk: turns
+    are shorter than the step budget)."""
 
+    steps: int = 0
     decode_requests: int = 0
     decode_own_keys: int = 0  # past the shared prefix
-    prefill_requests: int = 0
-    prefill_context: int = 0  # keys before the request's next chunk
-    prefill_remaining: int = 0  # tokens left to prefill
+    turns: int = 0
+    turn_prompt_tokens: int = 0
 
     def add(self, engine: EngineCore, shared_prefix: int) -> None:
+        self.steps += 1
         for request in engine.requests.values():
             if request.status is RequestStatus.DECODING:
                 self.decode_requests += 1
                 self.decode_own_keys += max(request.kv_len - shared_prefix, 0)
-            elif request.status is RequestStatus.PREFILLING:
-                context = max(request.kv_len, request.num_cached)
-                self.prefill_requests += 1
-                self.prefill_context += context
-                self.prefill_remaining += max(len(request.fill_ids) - context, 1)
+
+    def submitted(self, prompt_tokens: int) -> None:
+        self.turns += 1
+        self.turn_prompt_tokens += prompt_tokens
 
     def mix(self, result: PolicyResult, shared_prefix: int) -> StepMix:
-        per_chunk = self.prefill_remaining / max(self.prefill_requests, 1)
+        chunks = self.turns / max(self.steps, 1)
+        chunk_tokens = result.prefill_tokens_per_step / max(chunks, 1e-9)
         return StepMix(
             decode_rows=result.decode_rows_per_step,
             prefill_tokens=result.prefill_tokens_per_step,
             decode_own_keys=self.decode_own_keys / max(self.decode_requests, 1),
-            chunks=result.prefill_tokens_per_step / max(per_chunk, 1.0),
-            chunk_context=self.prefill_context / max(self.prefill_requests, 1),
+            chunks=chunks,
+            chunk_context=max(self.turn_prompt_tokens / max(self.turns, 1) - chunk_tokens, 0.0),
             shared_keys=shared_prefix,
         )
 
@@ -227,6 +230,8 @@ def run_policy(
         request_id = f"s{index}-t{session.done}"
         params = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True)
         submitted[request_id] = (index, time.perf_counter(), out_len)
+        if in_window and contexts is not None:
+            contexts.submitted(len(session.history))
         engine.add_request(request_id, list(session.history), params)
 
     before = engine.stats()
