@@ -31,7 +31,7 @@ from engine.config import ModelConfig
 
 @dataclass(frozen=True)
 class StepMix:
-    """Window means per step."""
+    """Means per step: the token mix over the run, the contexts over the profiled window."""
 
     decode_rows: float
     prefill_tokens: float
