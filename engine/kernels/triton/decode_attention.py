@@ -40,6 +40,7 @@ MAX_SPLITS = 64
 MIN_SPLIT_TOKENS = 128  # below this a split is mostly launch and merge overhead
 # Query rows (extend * G) one program may hold; larger windows go to the extend kernel.
 MAX_ROWS = 64
+NUM_STAGES = 2  # software-pipeline depth of the key loop
 
 
 @triton.jit
@@ -215,7 +216,6 @@ def decode_attention(
     out: torch.Tensor,  # [T, Hq, D]
     num_splits: int | None = None,  # None: num_kv_splits(...)
     block_n: int | None = None,
-    num_stages: int = 2,
 ) -> torch.Tensor:
     """Split-KV attention for forwards with `split_kv_rows(meta, G) <= MAX_ROWS` (every key;
     `meta.shared` is for own_keys_attention)."""
@@ -226,12 +226,12 @@ def decode_attention(
         num_splits = num_kv_splits(meta.batch_size, k_cache.shape[1], meta.max_seq_len, q.device)
     if num_splits == 1:
         unused = q.new_empty(1, dtype=torch.float32)
-        _launch(q, k_cache, v_cache, meta, scale, out, (unused, unused), 1, 0, block_n, num_stages, shared=False)
+        _launch(q, k_cache, v_cache, meta, scale, out, (unused, unused), 1, 0, block_n, NUM_STAGES, shared=False)
         return out
     partial_o = torch.empty(num_tokens, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     partial_lse = torch.empty(num_tokens, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
     partials = (partial_o, partial_lse)
-    _launch(q, k_cache, v_cache, meta, scale, out, partials, num_splits, 0, block_n, num_stages, shared=False)
+    _launch(q, k_cache, v_cache, meta, scale, out, partials, num_splits, 0, block_n, NUM_STAGES, shared=False)
     return merge_splits(partial_o, partial_lse, out)
 
 
@@ -247,7 +247,7 @@ def own_keys_attention(
     num_shared_splits: int,
     num_splits: int,
     block_n: int | None = None,
-    num_stages: int = 2,
+    num_stages: int = NUM_STAGES,
 ) -> None:
     """`out` over every key, given the shared keys' partials: one split folds them in and
     writes `out`; several write their own partials after them, then one merge."""
