@@ -5,9 +5,9 @@
    streams whole panels, contiguous in memory, and each weight byte is read once per call:
        fp32: packed[panel][k][column]              [N / 32, K, 32]
        bf16: packed[panel][k_pair][column][2]      [N / 32, K / 2, 32, 2]  (gemm.c's AMX layout)
-   A panel's product keeps ROW_BLOCK rows x 32 columns of fp32 sums in vector registers; per k
-   (per k pair in bf16) it loads the panel's 32 weights once and multiplies them into every
-   row's sums. The sums run over k in order, one fused multiply-add per weight (a pair per
+   A panel's product keeps a block of rows x 32 (or 16) columns of fp32 sums in vector registers
+   (vector.h); per k (per k pair in bf16) it loads the panel's weights once and multiplies them
+   into every row's sums. The sums run over k in order, one fused multiply-add per weight (a pair per
    vdpbf16ps with AVX512-BF16), and round once to the output dtype, bias added in fp32 first.
    A SwiGLU [gate | up] weight packed with 16 gate and their 16 up columns per panel (gemv.py)
    gets silu(gate) * up written instead, rounded where the separate linear, silu and product
@@ -84,19 +84,14 @@ void gemv_pack_bf16(const bf16 *weight, int64_t ldw, bf16 *packed, int64_t n, in
                 }
 }
 
-/* sums [rows][PANEL] of rows row0.. over one panel (k in order), `rows` <= ROW_BLOCK a literal
-   at each call, so that the sums stay in registers. x rows: fp32 or bf16 (is_bf16, the weight's
-   dtype too), row stride ldx. fp32 is vector.h's product, which quant_gemm.c shares. */
-ALWAYS_INLINE void panel_sums(const void *x, int64_t ldx, const void *panel, int64_t k, int64_t row0, const int rows,
-                              float *sums, const int is_bf16) {
-    if (!is_bf16) {
-        panel_sums_f32(x, ldx, panel, k, row0, rows, sums);
-        return;
-    }
-    vfloat acc[ROW_BLOCK][VECTORS];
+/* sums [rows][PANEL] of bf16 rows row0.. over one bf16 panel, whole panels, `rows` <= WIDE_ROWS
+   a literal at each call, so that the sums stay in registers. */
+ALWAYS_INLINE void panel_sums_bf16(const bf16 *x, int64_t ldx, const bf16 *panel, int64_t k, int64_t row0,
+                                   const int rows, float *sums) {
+    vfloat acc[WIDE_ROWS][VECTORS];
     for (int r = 0; r < rows; r++)
         for (int v = 0; v < VECTORS; v++) acc[r][v] = vzero();
-    const bf16 *w = panel, *xs = (const bf16 *)x + row0 * ldx;
+    const bf16 *w = panel, *xs = x + row0 * ldx;
     for (int64_t kk = 0; kk < k; kk += 2, w += 2 * PANEL) {
 #if BF16_DOT
         __m512bh wv[VECTORS];
@@ -119,6 +114,20 @@ ALWAYS_INLINE void panel_sums(const void *x, int64_t ldx, const void *panel, int
     }
     for (int r = 0; r < rows; r++)
         for (int v = 0; v < VECTORS; v++) vstore(sums + r * PANEL + v * LANES, acc[r][v]);
+}
+
+/* sums [rows][PANEL] of rows row0.. over one panel (k in order), `rows` <= ROW_BLOCK a literal
+   at each call. x rows: fp32 or bf16 (is_bf16, the weight's dtype too), row stride ldx. fp32 is
+   vector.h's product, which quant_gemm.c shares; bf16 takes WIDE_ROWS rows at a time. */
+ALWAYS_INLINE void panel_sums(const void *x, int64_t ldx, const void *panel, int64_t k, int64_t row0, const int rows,
+                              float *sums, const int is_bf16) {
+    if (!is_bf16) {
+        panel_sums_f32(x, ldx, panel, k, row0, rows, sums);
+        return;
+    }
+    for (int r0 = 0; r0 < rows; r0 += WIDE_ROWS)
+        panel_sums_bf16(x, ldx, panel, k, row0 + r0, rows - r0 < WIDE_ROWS ? rows - r0 : WIDE_ROWS,
+                        sums + r0 * PANEL);
 }
 
 /* Where a panel's sums go. Plain: columns [col0, col0 + 32) of out [m, n] (row stride ldo),

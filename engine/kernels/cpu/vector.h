@@ -3,10 +3,15 @@
    dequantised into a panel), so that both sum the same products in the same order.
 
    A panel is PANEL = 32 output features of a weight laid out [k][PANEL] (feature c of the
-   panel at column c). Its product keeps ROW_BLOCK input rows x 32 columns of fp32 sums in
-   vector registers; per k it loads the panel's 32 weights once and multiplies them into every
-   row's sums: the sums run over k in order, one multiply-add per weight (fused where the
-   ISA has FMA), from zero.
+   panel at column c). Its product keeps up to ROW_BLOCK input rows of fp32 sums in vector
+   registers; per k it loads the panel's weights once and multiplies them into every row's
+   sums: the sums run over k in order, one multiply-add per weight (fused where the ISA has
+   FMA), from zero. Up to WIDE_ROWS rows hold all 32 columns at once (one pass over the
+   panel: the batch-1 GEMV streams each weight byte once); more rows, where the registers
+   cannot hold them at full width (AVX2's 16), take the panel in two passes of 16 columns,
+   6 rows x 16 columns each, so that each weight loaded feeds 6 multiply-adds instead of 2
+   (the register tile of BLIS's Haswell kernel). Either way every output's sum is the same
+   sequence of operations, so the results are the same to the bit.
 
    AVX-512: 16 lanes; AVX2 + FMA: 8; otherwise GCC/Clang vector extensions of 4 lanes, which
    compile to SSE2 on any x86-64 and to NEON on ARM64. */
@@ -28,6 +33,7 @@
 #if defined(__AVX512F__)
 #define LANES 16
 #define ROW_BLOCK 6 /* 12 sums of 16 lanes + 2 weight vectors + a broadcast, of 32 registers */
+#define WIDE_ROWS 6
 typedef __m512 vfloat;
 static inline vfloat vzero(void) { return _mm512_setzero_ps(); }
 static inline vfloat vload(const float *p) { return _mm512_loadu_ps(p); }
@@ -36,7 +42,8 @@ static inline vfloat vset1(float x) { return _mm512_set1_ps(x); }
 static inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm512_fmadd_ps(a, b, c); }
 #elif defined(__AVX2__) && defined(__FMA__)
 #define LANES 8
-#define ROW_BLOCK 2 /* 8 sums of 8 lanes + 4 weight vectors + a broadcast, of 16 registers */
+#define ROW_BLOCK 6 /* half panels: 12 sums of 8 lanes + 2 weight vectors + a broadcast, of 16 registers */
+#define WIDE_ROWS 2 /* whole panels: 8 sums + 4 weight vectors + a broadcast */
 typedef __m256 vfloat;
 static inline vfloat vzero(void) { return _mm256_setzero_ps(); }
 static inline vfloat vload(const float *p) { return _mm256_loadu_ps(p); }
@@ -46,6 +53,7 @@ static inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm256_fmadd_ps
 #else
 #define LANES 4
 #define ROW_BLOCK 2
+#define WIDE_ROWS 2
 typedef float vfloat __attribute__((vector_size(16)));
 static inline vfloat vzero(void) { return (vfloat){0, 0, 0, 0}; }
 static inline vfloat vload(const float *p) {
@@ -62,10 +70,11 @@ static inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return a * b + c; }
 #define VECTORS (PANEL / LANES) /* vectors per row of a panel's sums */
 
 /* sums [rows][PANEL] of x's rows row0.. (row stride ldx) over one fp32 panel [k][PANEL], k in
-   order; `rows` <= ROW_BLOCK is a literal at each call, so that the sums stay in registers. */
-ALWAYS_INLINE void panel_sums_f32(const float *x, int64_t ldx, const float *panel, int64_t k, int64_t row0,
-                                  const int rows, float *sums) {
-    vfloat acc[ROW_BLOCK][VECTORS];
+   order, all 32 columns at once; `rows` <= WIDE_ROWS is a literal at each call, so that the
+   sums stay in registers. */
+ALWAYS_INLINE void wide_sums_f32(const float *x, int64_t ldx, const float *panel, int64_t k, int64_t row0,
+                                 const int rows, float *sums) {
+    vfloat acc[WIDE_ROWS][VECTORS];
     for (int r = 0; r < rows; r++)
         for (int v = 0; v < VECTORS; v++) acc[r][v] = vzero();
     const float *w = panel, *xs = x + row0 * ldx;
@@ -79,6 +88,44 @@ ALWAYS_INLINE void panel_sums_f32(const float *x, int64_t ldx, const float *pane
     }
     for (int r = 0; r < rows; r++)
         for (int v = 0; v < VECTORS; v++) vstore(sums + r * PANEL + v * LANES, acc[r][v]);
+}
+
+#if WIDE_ROWS < ROW_BLOCK
+/* The same for columns [col0, col0 + 2 * LANES) (half a panel), `rows` <= ROW_BLOCK a literal. */
+ALWAYS_INLINE void half_sums_f32(const float *x, int64_t ldx, const float *panel, int64_t k, int64_t row0,
+                                 const int rows, const int col0, float *sums) {
+    vfloat acc[ROW_BLOCK][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = vzero();
+    const float *w = panel + col0, *xs = x + row0 * ldx;
+    for (int64_t kk = 0; kk < k; kk++, w += PANEL) {
+        if (col0 == 0) /* the other half's cache line too, so that the second pass finds it in cache */
+            __builtin_prefetch(w + PANEL / 2);
+        const vfloat w0 = vload(w), w1 = vload(w + LANES);
+        for (int r = 0; r < rows; r++) {
+            const vfloat xv = vset1(xs[r * ldx + kk]);
+            acc[r][0] = vfma(xv, w0, acc[r][0]);
+            acc[r][1] = vfma(xv, w1, acc[r][1]);
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        vstore(sums + r * PANEL + col0, acc[r][0]);
+        vstore(sums + r * PANEL + col0 + LANES, acc[r][1]);
+    }
+}
+#endif
+
+/* sums [rows][PANEL] of x's rows row0.. over one fp32 panel; `rows` <= ROW_BLOCK a literal:
+   whole panels up to WIDE_ROWS rows, else two passes of half a panel (see above). */
+ALWAYS_INLINE void panel_sums_f32(const float *x, int64_t ldx, const float *panel, int64_t k, int64_t row0,
+                                  const int rows, float *sums) {
+#if WIDE_ROWS < ROW_BLOCK
+    if (rows > WIDE_ROWS) {
+        half_sums_f32(x, ldx, panel, k, row0, rows, 0, sums);
+        half_sums_f32(x, ldx, panel, k, row0, rows, PANEL / 2, sums);
+        return;
+    }
+#endif
+    wide_sums_f32(x, ldx, panel, k, row0, rows, sums);
 }
 
 #endif
