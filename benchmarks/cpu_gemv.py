@@ -23,8 +23,8 @@ rotation and medians keep a slow spell from landing on one system.
 
 instead times each linear shape of the model at those row counts (prefill and batched decode),
 at this process's DSPARK_CPU_ISA: fp32 on gemv.c's packing against quant_gemm.c's Q4_1 and Q8_0
-on random blocks, and with --baseline, quant_gemm.c as git revision REV had it (built from
-that revision's kernel sources, by build.py's command). Each shape streams 30 weights, as the
+on random blocks, and with --baseline, gemv.c and quant_gemm.c as git revision REV had them
+(built from that revision's kernel sources, by build.py's command). Each shape streams 30 weights, as the
 layers do (the LM head one), ms per call; every system runs once per round, interleaved in an
 order rotated each round, after a warm-up round, and each figure is the best of --rounds rounds."""
 
@@ -170,25 +170,37 @@ def level_row(dtype: str, rounds: int) -> list[dict[str, Any]]:
     return rows
 
 
-def baseline_library(revision: str, directory: Path) -> ctypes.CDLL:
-    """quant_gemm.c of git `revision`, with the headers it had, built into `directory` by
-    build.py's command for this process's ISA target."""
+def baseline_library(revision: str, directory: Path, name: str) -> ctypes.CDLL:
+    """`name`.c (gemv or quant_gemm) of git `revision`, with the headers it had, built into
+    `directory` by build.py's command for this process's ISA target."""
     from engine.kernels.cpu import build, isa
 
     folder = "engine/kernels/cpu"
     listing = ["git", "ls-tree", "--name-only", f"{revision}:{folder}"]
-    for name in subprocess.run(listing, cwd=ROOT, capture_output=True, text=True, check=True).stdout.split():
-        if name.endswith((".c", ".h")):
-            show = ["git", "show", f"{revision}:{folder}/{name}"]
-            (directory / name).write_bytes(subprocess.run(show, cwd=ROOT, capture_output=True, check=True).stdout)
+    for file in subprocess.run(listing, cwd=ROOT, capture_output=True, text=True, check=True).stdout.split():
+        if file.endswith((".c", ".h")) and not (directory / file).exists():
+            show = ["git", "show", f"{revision}:{folder}/{file}"]
+            (directory / file).write_bytes(subprocess.run(show, cwd=ROOT, capture_output=True, check=True).stdout)
     compiler = build._compiler()
     assert compiler is not None, "no C compiler"
-    output = directory / "quant_gemm_baseline.so"
-    here, source = str(build.SOURCE_DIR), str(build.SOURCE_DIR / "quant_gemm.c")
-    moved = {here: str(directory), source: str(directory / "quant_gemm.c")}
-    command = build.compile_command("quant_gemm", compiler, isa.target(), output)
+    output = directory / f"{name}_baseline.so"
+    here, source = str(build.SOURCE_DIR), str(build.SOURCE_DIR / f"{name}.c")
+    moved = {here: str(directory), source: str(directory / f"{name}.c")}
+    command = build.compile_command(name, compiler, isa.target(), output)
     subprocess.run([moved.get(part, part) for part in command], check=True)
     return ctypes.CDLL(str(output))
+
+
+def fp32_linear(function: Any) -> Any:
+    """gemv.c's linear_f32 of a baseline on x [M, K] and a packed weight [N / 32, K, 32]."""
+    function.argtypes, function.restype = _LINEAR_ARGS, ctypes.c_int
+
+    def linear(x: torch.Tensor, packed: torch.Tensor) -> None:
+        m, k, n = x.shape[0], x.shape[1], packed.shape[0] * packed.shape[2]
+        out = torch.empty(m, n)
+        function(x.data_ptr(), k, packed.data_ptr(), None, out.data_ptr(), n, m, n, k, torch.get_num_threads())
+
+    return linear
 
 
 def quantized_linear(function: Any) -> Any:
@@ -204,18 +216,28 @@ def quantized_linear(function: Any) -> Any:
     return linear
 
 
+def packed_copies(n: int, k: int, copies: int) -> list[torch.Tensor]:
+    from engine.kernels.cpu import gemv
+
+    return [gemv.pack(torch.randn(n, k) * 0.02) for _ in range(copies)]
+
+
 def rows_table(row_counts: list[int], rounds: int, baseline: str | None) -> list[dict[str, Any]]:
     """ms per call of each layer shape and the LM head at each row count (module docstring)."""
     from engine.kernels.cpu import build, gemv
 
     libraries = {"": build.load("quant_gemm")}
     with tempfile.TemporaryDirectory() as scratch:
+        fp32_before = None
         if baseline:
-            libraries[" before"] = baseline_library(baseline, Path(scratch))
+            libraries[" before"] = baseline_library(baseline, Path(scratch), "quant_gemm")
+            fp32_before = fp32_linear(baseline_library(baseline, Path(scratch), "gemv").gemv_linear_f32)
         rows = []
         for n, k in [*LAYER_SHAPES, (VOCAB, HIDDEN)]:
             copies = 1 if n == VOCAB else LAYERS
-            systems = {"fp32": (gemv.linear, [gemv.pack(torch.randn(n, k) * 0.02) for _ in range(copies)])}
+            systems = {"fp32": (gemv.linear, packed_copies(n, k, copies))}
+            if fp32_before is not None:  # its own copies, as below
+                systems["fp32 before"] = (fp32_before, packed_copies(n, k, copies))
             for fmt in ("Q4_1", "Q8_0"):
                 for suffix, library in libraries.items():  # each its own copies: none finds another's in cache
                     blocks = [random_blocks(fmt, n, k) for _ in range(copies)]
@@ -232,6 +254,8 @@ def rows_table(row_counts: list[int], rounds: int, baseline: str | None) -> list
                             linear(x, w)
                         best[name] = min(best[name], (time.perf_counter() - start) / copies * 1e3)
                 row: dict[str, Any] = {"shape": f"{n}x{k}", "rows": m, **{f"{s} ms": t for s, t in best.items()}}
+                if fp32_before is not None:
+                    row["fp32 before / fp32"] = best["fp32 before"] / best["fp32"]
                 for fmt in ("Q4_1", "Q8_0"):
                     row[f"fp32 / {fmt}"] = best["fp32"] / best[fmt]
                     if baseline:
@@ -255,7 +279,7 @@ def main() -> None:
     parser.add_argument("--levels", help="comma-separated DSPARK_CPU_ISA levels (default: this CPU's and each below)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--rows", help="comma-separated row counts: the per-shape table instead")
-    parser.add_argument("--baseline", help="git revision whose quant_gemm.c the --rows table adds")
+    parser.add_argument("--baseline", help="git revision whose gemv.c and quant_gemm.c the --rows table adds")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:

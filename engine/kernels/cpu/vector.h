@@ -7,10 +7,10 @@
    registers; per k it loads the panel's weights once and multiplies them into every row's
    sums: the sums run over k in order, one multiply-add per weight (fused where the ISA has
    FMA), from zero. Up to WIDE_ROWS rows hold all 32 columns at once (one pass over the
-   panel: the batch-1 GEMV streams each weight byte once); more rows, where the registers
-   cannot hold them at full width (AVX2's 16), take the panel in two passes of 16 columns,
-   6 rows x 16 columns each, so that each weight loaded feeds 6 multiply-adds instead of 2
-   (the register tile of BLIS's Haswell kernel). Either way every output's sum is the same
+   panel: the batch-1 GEMV streams each weight byte once). Where the registers cannot hold
+   a whole block at full width (AVX2's 16), a block of 5 or 6 rows takes the panel in two
+   passes of 16 columns, 6 rows x 16 columns each, so that each weight loaded feeds 6
+   multiply-adds instead of 2 (the register tile of BLIS's Haswell kernel). Either way every output's sum is the same
    sequence of operations, so the results are the same to the bit.
 
    AVX-512: 16 lanes; AVX2 + FMA: 8; otherwise GCC/Clang vector extensions of 4 lanes, which
@@ -44,6 +44,7 @@ static inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return _mm512_fmadd_ps
 #define LANES 8
 #define ROW_BLOCK 6 /* half panels: 12 sums of 8 lanes + 2 weight vectors + a broadcast, of 16 registers */
 #define WIDE_ROWS 2 /* whole panels: 8 sums + 4 weight vectors + a broadcast */
+#define HALF_FROM 5 /* rows from which a block takes half panels */
 typedef __m256 vfloat;
 static inline vfloat vzero(void) { return _mm256_setzero_ps(); }
 static inline vfloat vload(const float *p) { return _mm256_loadu_ps(p); }
@@ -115,17 +116,21 @@ ALWAYS_INLINE void half_sums_f32(const float *x, int64_t ldx, const float *panel
 #endif
 
 /* sums [rows][PANEL] of x's rows row0.. over one fp32 panel; `rows` <= ROW_BLOCK a literal:
-   whole panels up to WIDE_ROWS rows, else two passes of half a panel (see above). */
+   two passes of half a panel from HALF_FROM rows on, else whole panels, WIDE_ROWS
+   rows at a time. Four rows stay on whole panels: where the weights stream from memory (a
+   decode step of four requests), two passes of two rows read them faster than two half
+   panels of four (benchmarks/cpu_gemv.py --rows, docs/benchmarks.md). */
 ALWAYS_INLINE void panel_sums_f32(const float *x, int64_t ldx, const float *panel, int64_t k, int64_t row0,
                                   const int rows, float *sums) {
 #if WIDE_ROWS < ROW_BLOCK
-    if (rows > WIDE_ROWS) {
+    if (rows >= HALF_FROM) {
         half_sums_f32(x, ldx, panel, k, row0, rows, 0, sums);
         half_sums_f32(x, ldx, panel, k, row0, rows, PANEL / 2, sums);
         return;
     }
 #endif
-    wide_sums_f32(x, ldx, panel, k, row0, rows, sums);
+    for (int r0 = 0; r0 < rows; r0 += WIDE_ROWS)
+        wide_sums_f32(x, ldx, panel, k, row0 + r0, rows - r0 < WIDE_ROWS ? rows - r0 : WIDE_ROWS, sums + r0 * PANEL);
 }
 
 #endif
