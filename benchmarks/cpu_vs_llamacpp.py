@@ -108,6 +108,11 @@ def native_engine(model: str, dtype: str, batch: int, fp32_bytes: int) -> tuple[
     return engine, f"engine --dtype {dtype} holds {held / 1e6:.0f} MB of weights"
 
 
+def _decode_rate(timing: report.Timing) -> str:
+    """The decode-only rate in brackets where the system times its decode apart, else nothing."""
+    return f" ({timing.decode_tokens_per_s:.1f})" if timing.decode_seconds > 0 else ""
+
+
 def run_rounds(
     systems: dict[str, System], prompts: list[list[int]], rounds: int
 ) -> tuple[dict[str, report.Timing], dict[str, Generated]]:
@@ -123,10 +128,8 @@ def run_rounds(
             timing, generated = systems[name](prompts)
             totals[name] += timing
             tokens.setdefault(name, generated)
-        print(
-            f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {totals[n].decode_tokens_per_s:.1f}" for n in names),
-            flush=True,
-        )
+        so_far = [f"{n} {totals[n].tokens_per_s:.1f}" + _decode_rate(totals[n]) for n in names]
+        print(f"round {r + 1}/{rounds}, tok/s so far (decode only): " + ", ".join(so_far), flush=True)
     return totals, tokens
 
 
