@@ -12,6 +12,7 @@ must then be attended instead). With `shared_len`, the sharing requests read the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass
@@ -235,3 +236,23 @@ def tolerance(dtype: torch.dtype) -> dict[str, float]:
     if dtype == torch.float16:
         return {"atol": 3e-3, "rtol": 3e-3}
     return {"atol": 2e-2, "rtol": 2e-2}
+
+
+def mixed_parts(meta: AttentionMetadata, num_decode_reqs: int) -> AttentionMetadata:
+    """`meta` of a mixed forward with its halves attached as concat_extend attaches them:
+    the decode rows' uniform windows, then the chunks with their own row numbering."""
+    n = int(meta.q_start[num_decode_reqs])
+    width = int(meta.extend_lens[0])
+    d = num_decode_reqs
+    shared = meta.shared
+    decode_rows = AttentionMetadata(
+        meta.req_to_token, meta.req_rows[:d], meta.seq_lens[:d], meta.extend_lens[:d], meta.q_start[:d],
+        meta.out_slots[:n], meta.token_req[:n], meta.token_offset[:n], n, width, meta.max_seq_len,
+        uniform_extend=width, shared=None if shared is None else shared.rows(0, d),
+    )  # fmt: skip
+    chunks = AttentionMetadata(
+        meta.req_to_token, meta.req_rows[d:], meta.seq_lens[d:], meta.extend_lens[d:], meta.q_start[d:] - n,
+        meta.out_slots[n:], meta.token_req[n:] - d, meta.token_offset[n:], meta.num_tokens - n,
+        meta.max_extend_len, meta.max_seq_len, shared=None if shared is None else shared.rows(d, meta.batch_size),
+    )  # fmt: skip
+    return dataclasses.replace(meta, parts=(decode_rows, chunks))

@@ -12,13 +12,12 @@ before triton itself is first imported (tests/triton_interpreter.py). Run it dir
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from attention_cases import (
     SCENARIOS,
     make_case,
+    mixed_parts,
     reference_attention,
     scenario_case,
     stored_caches_float64,
@@ -35,7 +34,6 @@ import engine.kernels.triton.decode_attention as triton_decode  # noqa: E402
 import engine.kernels.triton.extend_attention as triton_extend  # noqa: E402
 import engine.kernels.triton.shared_prefix_attention as triton_shared  # noqa: E402
 from engine.attention import TorchAttentionBackend, select_backend  # noqa: E402
-from engine.kernels.attention_metadata import AttentionMetadata  # noqa: E402
 from engine.kernels.triton.decode_attention import MAX_ROWS  # noqa: E402
 
 GQA = {1: (2, 2), 3: (6, 2), 4: (4, 1)}  # group -> (Hq, Hkv)
@@ -136,26 +134,6 @@ def test_triton_backend_forward(scenario: str, seed: int):
     check(case, out)
     k_ref, _ = stored_caches_float64(case)
     torch.testing.assert_close(k_cache[:-1].double(), k_ref[:-1], equal_nan=True, atol=0, rtol=0)
-
-
-def mixed_parts(meta: AttentionMetadata, num_decode_reqs: int) -> AttentionMetadata:
-    """`meta` of a mixed forward with its halves attached as concat_extend attaches them:
-    the decode rows' uniform windows, then the chunks with their own row numbering."""
-    n = int(meta.q_start[num_decode_reqs])
-    width = int(meta.extend_lens[0])
-    d = num_decode_reqs
-    shared = meta.shared
-    decode_rows = AttentionMetadata(
-        meta.req_to_token, meta.req_rows[:d], meta.seq_lens[:d], meta.extend_lens[:d], meta.q_start[:d],
-        meta.out_slots[:n], meta.token_req[:n], meta.token_offset[:n], n, width, meta.max_seq_len,
-        uniform_extend=width, shared=None if shared is None else shared.rows(0, d),
-    )  # fmt: skip
-    chunks = AttentionMetadata(
-        meta.req_to_token, meta.req_rows[d:], meta.seq_lens[d:], meta.extend_lens[d:], meta.q_start[d:] - n,
-        meta.out_slots[n:], meta.token_req[n:] - d, meta.token_offset[n:], meta.num_tokens - n,
-        meta.max_extend_len, meta.max_seq_len, shared=None if shared is None else shared.rows(d, meta.batch_size),
-    )  # fmt: skip
-    return dataclasses.replace(meta, parts=(decode_rows, chunks))
 
 
 @pytest.mark.parametrize("group", [1, 3])

@@ -11,6 +11,7 @@ import torch
 from attention_cases import (
     SCENARIOS,
     make_case,
+    mixed_parts,
     reference_attention,
     scenario_case,
     stored_caches_float64,
@@ -91,9 +92,36 @@ def test_torch_backend_plans_once_per_forward(scenario: str, chunk_bytes: int, s
             out = backend.forward(case.q, case.k, case.v, k_cache, v_cache, case.meta, case.scale)
             fresh, _, _ = run_torch(layer_case, chunk_bytes=chunk_bytes)
             torch.testing.assert_close(out, fresh, atol=0, rtol=0, equal_nan=True)
-            plans.append(backend._plan)
+            plans.append(backend.plan_for(case.meta))
         torch.testing.assert_close(out.double(), reference_attention(layer_case), **tolerance(torch.float32))
+    assert plans[0] is not None and plans[2] is not None
     assert plans[0] is plans[1] and plans[2] is plans[3] and plans[1] is not plans[2]
+
+
+@pytest.mark.parametrize("cpu_kernel", PATHS)
+@pytest.mark.parametrize(("num_q_heads", "num_kv_heads"), GQA)
+def test_a_mixed_forward_attends_its_parts_apart(cpu_kernel: bool, num_q_heads: int, num_kv_heads: int, seed: int):
+    """A mixed forward's decode rows are attended apart from its chunks, never padded to a
+    chunk's length (the C kernel takes them where it is built), each part with a plan of its
+    own that the next layer reuses; together the parts give the reference's answer."""
+    case = scenario_case("mixed", seed, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads)
+    meta = mixed_parts(case.meta, case.meta.batch_size - 2)  # the scenario ends with two chunks
+    decode_rows, chunks = meta.parts
+    backend = TorchAttentionBackend(cpu_kernel=cpu_kernel)
+    plans = []
+    for _ in range(2):  # two layers of one forward
+        k_cache, v_cache = case.clone_caches()
+        out = torch.full_like(case.q, float("nan"))
+        backend.forward(case.q, case.k, case.v, k_cache, v_cache, meta, case.scale, out=out)
+        torch.testing.assert_close(out.double(), reference_attention(case), **tolerance(torch.float32))
+        plans.append((backend.plan_for(decode_rows), backend.plan_for(chunks)))
+    decode_plan, chunk_plan = plans[0]
+    assert plans[1][0] is decode_plan and plans[1][1] is chunk_plan
+    assert chunk_plan is not None and chunk_plan.rows_per_req == chunks.max_extend_len
+    if cpu_kernel:
+        assert decode_plan is None  # the C kernel's
+    else:
+        assert decode_plan is not None and decode_plan.rows_per_req == decode_rows.uniform_extend
 
 
 @pytest.mark.parametrize("cpu_kernel", PATHS)

@@ -77,10 +77,14 @@ class CpuPagedAttention:
         )
 
     def stores(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, out_slots: torch.Tensor) -> bool:
-        """Whether `store_kv` takes these: each token's [Hkv, D] block contiguous in k and v."""
+        """Whether `store_kv` takes these: the kernel built, CPU tensors, each token's [Hkv, D]
+        block contiguous in k and v."""
         row_strides = (k_cache.shape[2], 1)
         return (
-            k.dtype == v.dtype == k_cache.dtype
+            self._store_kv is not None
+            and k.is_cpu
+            and k_cache.is_contiguous()
+            and k.dtype == v.dtype == k_cache.dtype
             and k.stride()[1:] == row_strides
             and v.stride()[1:] == row_strides
             and out_slots.dtype == torch.int64
