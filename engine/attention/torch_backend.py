@@ -25,9 +25,8 @@ class TorchAttentionBackend:
     Every layer of a forward passes the same metadata object, so on CPU the plan of the
     first call (one per part of a mixed forward) serves the layers after it. The metadata's
     tensors must then stay as they are until a new metadata object comes: every runner builds
-    one per forward. Other devices plan
-    on every call, since a CUDA graph may be captured over metadata whose tensors are
-    rewritten in place between replays."""
+    one per forward. Other devices plan on every call, since a CUDA graph may be captured over
+    metadata whose tensors are rewritten in place between replays."""
 
     name = "torch"
 

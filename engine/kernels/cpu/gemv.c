@@ -5,10 +5,11 @@
    streams whole panels, contiguous in memory, and each weight byte is read once per call:
        fp32: packed[panel][k][column]              [N / 32, K, 32]
        bf16: packed[panel][k_pair][column][2]      [N / 32, K / 2, 32, 2]  (gemm.c's AMX layout)
-   A panel's product keeps a block of rows x 32 (or 16) columns of fp32 sums in vector registers
-   (vector.h); per k (per k pair in bf16) it loads the panel's weights once and multiplies them
-   into every row's sums. The sums run over k in order, one fused multiply-add per weight (a pair per
-   vdpbf16ps with AVX512-BF16), and round once to the output dtype, bias added in fp32 first.
+   A panel's product keeps a block of rows x 32 (or 16) columns of fp32 sums in vector
+   registers (vector.h); per k (per k pair in bf16) it loads the panel's weights once and
+   multiplies them into every row's sums. The sums run over k in order, one fused multiply-add
+   per weight (a pair per vdpbf16ps with AVX512-BF16), and round once to the output dtype,
+   bias added in fp32 first.
    A SwiGLU [gate | up] weight packed with 16 gate and their 16 up columns per panel (gemv.py)
    gets silu(gate) * up written instead, rounded where the separate linear, silu and product
    round (elementwise.c).

@@ -10,8 +10,9 @@
    panel: the batch-1 GEMV streams each weight byte once). Where the registers cannot hold
    a whole block at full width (AVX2's 16), a block of 5 or 6 rows takes the panel in two
    passes of 16 columns, 6 rows x 16 columns each, so that each weight loaded feeds 6
-   multiply-adds instead of 2 (the register tile of BLIS's Haswell kernel). Either way every output's sum is the same
-   sequence of operations, so the results are the same to the bit.
+   multiply-adds instead of 2 (the register tile of BLIS's Haswell kernel). Either way
+   every output's sum is the same sequence of operations, so the results are the same to
+   the bit.
 
    AVX-512: 16 lanes; AVX2 + FMA: 8; otherwise GCC/Clang vector extensions of 4 lanes, which
    compile to SSE2 on any x86-64 and to NEON on ARM64. */
@@ -116,10 +117,10 @@ ALWAYS_INLINE void half_sums_f32(const float *x, int64_t ldx, const float *panel
 #endif
 
 /* sums [rows][PANEL] of x's rows row0.. over one fp32 panel; `rows` <= ROW_BLOCK a literal:
-   two passes of half a panel from HALF_FROM rows on, else whole panels, WIDE_ROWS
-   rows at a time. Four rows stay on whole panels: where the weights stream from memory (a
-   decode step of four requests), two passes of two rows read them faster than two half
-   panels of four (benchmarks/cpu_gemv.py --rows, docs/benchmarks.md). */
+   two passes of half a panel from HALF_FROM rows on, else whole panels, WIDE_ROWS rows at a
+   time. Four rows stay on whole panels: where the weights stream from memory (a decode step
+   of four requests), two passes of two rows read them faster than two half panels of four
+   (benchmarks/cpu_gemv.py --rows, docs/benchmarks.md). */
 ALWAYS_INLINE void panel_sums_f32(const float *x, int64_t ldx, const float *panel, int64_t k, int64_t row0,
                                   const int rows, float *sums) {
 #if WIDE_ROWS < ROW_BLOCK
