@@ -4,7 +4,7 @@
         [--sessions 8,16] [--shared-prefix 256] [--turns 3] [--turn-tokens 32,96]
         [--output-tokens 16,48] [--seed 0] [--scheduling both|mixed|alternating]
         [--expansion host|device|both] [--extend-graphs on|off|both] [--cascade on|off|both]
-        [--profile-steps 100]
+        [--profile-steps 100] [--host-profile DIR]
         [--max-num-batched-tokens 256] [--kv-cache-bytes N] [--out results.json]
 
 The workload (seeded, identical for both policies): `sessions` concurrent sessions share a
@@ -43,16 +43,23 @@ against launched kernel by kernel (`eager`; engine/runner/piecewise_graphs.py).
 shared pass over the keys the sessions' system prompt holds once, docs/design.md §4.9)
 against each request reading its whole context (`own-keys`); the result counts the steps
 whose forward used the shared pass.
+
+`--host-profile DIR` (with steady steps) runs each variant a third time with Python's
+cProfile on over the same window and writes the functions the host spent it in, by own time
+and by cumulative time, to DIR/host_<sessions>_<scheduling>.txt: where a step's host time
+goes, apart from the wait for the device (the step's one sync shows as its own line).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
 import gc
 import itertools
 import json
 import platform
+import pstats
 import random
 import sys
 import time
@@ -218,8 +225,10 @@ def run_policy(
     expansion: str = "host-sized",
     window_steps: int = 0,
     profile: bool = False,
+    host_profiler: cProfile.Profile | None = None,
 ) -> tuple[PolicyResult, SteadyWindow | None]:
-    """One closed-loop run; `window_steps` steady steps timed (and profiled if `profile`)."""
+    """One closed-loop run; `window_steps` steady steps timed (and profiled if `profile`; the
+    host's Python under `host_profiler` over the same steps if given)."""
     sessions = make_sessions(load, engine.model_config.vocab_size)
     submitted: dict[str, tuple[int, float, int]] = {}  # request id -> session, submit time, O
 
@@ -253,6 +262,8 @@ def run_policy(
             in_window, window_start = True, time.perf_counter()
             if profiler is not None:
                 profiler.start()
+            if host_profiler is not None:
+                host_profiler.enable()
         if in_window and contexts is not None:
             contexts.add(engine, load.shared_prefix)
         t0 = time.perf_counter()
@@ -281,12 +292,16 @@ def run_policy(
                 submit(index)
         if in_window and counted == window_steps:
             in_window = False
+            if host_profiler is not None:
+                host_profiler.disable()
             if profiler is not None:
                 torch.cuda.synchronize()
             wall = time.perf_counter() - window_start
             busy = profiler.stop(counted) if profiler is not None else None  # after the clock stops
             steady = SteadyWindow(counted, wall, window_host_s, busy, contexts)
     wall = time.perf_counter() - start
+    if in_window and host_profiler is not None:
+        host_profiler.disable()
     if in_window and profiler is not None:
         profiler.stop(max(counted, 1))  # the run ended inside the window: too short to call steady
     after = engine.stats()
@@ -417,6 +432,7 @@ def main() -> None:
     )
     parser.add_argument("--cascade", choices=["on", "off", "both"], default="on", help="shared prefixes read once")
     parser.add_argument("--profile-steps", type=int, default=100, help="steady steps profiled on a GPU; 0: none")
+    parser.add_argument("--host-profile", type=Path, default=None, help="folder for cProfile of the steady steps")
     parser.add_argument("--max-num-batched-tokens", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--kv-cache-bytes", type=int, default=1 << 30)
@@ -447,6 +463,10 @@ def main() -> None:
             profiled = None
             if timed is not None:  # the same steps again, under the profiler
                 _, profiled = _fresh_run(loaded, args, load, variant, profile_steps, profile=True)
+            if timed is not None and args.host_profile is not None:
+                host_profile = cProfile.Profile()
+                _fresh_run(loaded, args, load, variant, profile_steps, profile=False, host_profiler=host_profile)
+                _write_host_profile(host_profile, args.host_profile / f"host_{sessions}_{variant.scheduling}.txt")
             result = dataclasses.replace(
                 with_window(result, timed, profiled), extend_graphs=variant.extend_graphs, cascade=variant.cascade
             )
@@ -472,6 +492,7 @@ def _fresh_run(
     variant: Variant,
     window_steps: int,
     profile: bool,
+    host_profiler: cProfile.Profile | None = None,
 ) -> tuple[PolicyResult, SteadyWindow | None]:
     """The workload on a new engine (empty prefix cache) after a warm-up."""
     policy = variant.scheduling
@@ -481,7 +502,7 @@ def _fresh_run(
     warm = Workload(min(4, load.sessions), load.shared_prefix, 1, load.turn_tokens, load.output_tokens, load.seed + 1)
     run_policy(engine, warm, policy)
     rate = prefill_rate(engine, min(4 * args.max_num_batched_tokens, args.max_model_len - 1))
-    result, steady = run_policy(engine, load, policy, variant.expansion, window_steps, profile)
+    result, steady = run_policy(engine, load, policy, variant.expansion, window_steps, profile, host_profiler)
     result = dataclasses.replace(
         result, prefill_tokens_per_s=rate, cold_floor_ms=1e3 * result.cold_distinct_tokens / rate
     )
@@ -490,6 +511,14 @@ def _fresh_run(
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return result, steady
+
+
+def _write_host_profile(profiler: cProfile.Profile, path: Path, top: int = 45) -> None:
+    """The window's host functions, by own time then by cumulative time."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for order in ("tottime", "cumulative"):
+            pstats.Stats(profiler, stream=out).strip_dirs().sort_stats(order).print_stats(top)
 
 
 def _line(result: PolicyResult) -> str:
