@@ -71,6 +71,9 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
     )
     parser.add_argument("--batch", type=int, default=16, help="the engine-vs-transformers batch (0: skip)")
     parser.add_argument("--llamacpp-python", type=Path, default=DEFAULT_LLAMACPP_PYTHON)
+    parser.add_argument(
+        "--llamacpp-no-repack", action="store_true", help="llama.cpp loads without its extra buffer types"
+    )
     parser.add_argument("--f32-gguf", type=Path, help="llama.cpp's f32 file (default: .bench/<model>.f32.gguf)")
     parser.add_argument("--copy-mib", type=int, default=512, help="buffer of the memory read and copy measurements")
     parser.add_argument("--skip-rss", action="store_true", help="do not measure the engine processes' RSS")

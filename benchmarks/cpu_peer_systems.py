@@ -143,10 +143,11 @@ def ensure_f32_gguf(python: Path, source: Path, target: Path, threads: int) -> s
 class LlamaCppPeer:
     """llama.cpp's runner process on one GGUF, loaded once and fed a list of prompts per call."""
 
-    def __init__(self, python: Path, model: Path, threads: int) -> None:
+    def __init__(self, python: Path, model: Path, threads: int, no_repack: bool = False) -> None:
         self.model = model
         self.process = subprocess.Popen(
-            [str(python), str(RUNNER), "decode", str(model), "--threads", str(threads)],
+            [str(python), str(RUNNER), "decode", str(model), "--threads", str(threads)]
+            + (["--no-repack"] if no_repack else []),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -179,11 +179,13 @@ def main() -> None:
         f32_path = args.f32_gguf or Path(".bench") / f"{source.path.stem}.f32.gguf"
         how = ensure_f32_gguf(args.llamacpp_python, source.path, f32_path, args.threads)
         results["notes"].append(f"llama.cpp f32 file: {how}")
+        if args.llamacpp_no_repack:
+            results["notes"].append("llama.cpp without its extra buffer types (no runtime repacking, no AMX buffers)")
         for name, path, what in (
             (report.LLAMACPP_Q, source.path, "the GGUF as shipped"),
             (report.LLAMACPP_F32, f32_path, "its f32 conversion"),
         ):
-            peer = LlamaCppPeer(args.llamacpp_python, path, args.threads)
+            peer = LlamaCppPeer(args.llamacpp_python, path, args.threads, args.llamacpp_no_repack)
             peers.append(peer)
             systems[name] = partial(peer.decode, new_tokens=args.new_tokens)
             labels[name] = f"llama-cpp-python {version}, {what}"

@@ -2,7 +2,7 @@
 virtualenv (`make llamacpp-peer`), never by the project's: it imports only llama_cpp, numpy and
 the standard library.
 
-    python llamacpp_runner.py decode MODEL.gguf --threads N
+    python llamacpp_runner.py decode MODEL.gguf --threads N [--no-repack]
         stdin, one JSON object a line: {"prompts": [[ids], ...], "new_tokens": 96}
         stdout, one JSON object a line for each: {"runs": [{"tokens": [ids], "seconds": s,
             "decode_seconds": s}, ...]}; a first line {"ready": true, "load_seconds": s} once
@@ -13,7 +13,10 @@ the standard library.
 argmax of the last logits is fed back, one token a call, `new_tokens` tokens in all; EOS does
 not stop it (it is fed back like any token), so every system generates the same count.
 `seconds` runs from the prompt's evaluation to the last token's argmax; `decode_seconds` from
-the first token's argmax to the last's (new_tokens - 1 tokens).
+the first token's argmax to the last's (new_tokens - 1 tokens). `--no-repack` loads the
+weights without llama.cpp's extra buffer types (its runtime repacking and its AMX buffers:
+llama.cpp's `--no-repack`, the model parameter `use_extra_bufts`), for hosts where loading
+through them crashes.
 
 `to-f32` is llama.cpp's own conversion (llama_model_quantize, the library call behind
 llama-quantize, with LLAMA_FTYPE_ALL_F32 and requantizing allowed): every quantized tensor is
@@ -52,6 +55,19 @@ def greedy_decode(llm: llama_cpp.Llama, prompt: list[int], new_tokens: int) -> d
     return {"tokens": tokens, "seconds": end - start, "decode_seconds": end - first}
 
 
+def without_extra_buffer_types() -> None:
+    """Every model loaded from here on takes `use_extra_bufts = false` (the high-level Llama
+    exposes no argument for it: it starts from the library's default parameters)."""
+    default_params = llama_cpp.llama_cpp.llama_model_default_params
+
+    def params() -> llama_cpp.llama_model_params:
+        chosen = default_params()
+        chosen.use_extra_bufts = False
+        return chosen
+
+    llama_cpp.llama_cpp.llama_model_default_params = params
+
+
 def serve_decode(model: str, threads: int) -> None:
     start = time.perf_counter()
     llm = llama_cpp.Llama(
@@ -83,7 +99,10 @@ def main() -> None:
     parser.add_argument("model")
     parser.add_argument("out", nargs="?")
     parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--no-repack", action="store_true", help="decode: no extra buffer types (see above)")
     args = parser.parse_args()
+    if args.no_repack:
+        without_extra_buffer_types()
     if args.mode == "decode":
         serve_decode(args.model, args.threads)
     else:

@@ -21,6 +21,8 @@ def test_defaults_and_plot_path() -> None:
     assert args.engine_dtypes == ("float32", "bfloat16")
     assert str(args.plot) == "out/cpu.png"
     assert report.parse_args([]).plot is None
+    assert not args.llamacpp_no_repack  # llama.cpp loads as it would by default
+    assert report.parse_args(["--llamacpp-no-repack"]).llamacpp_no_repack
 
 
 @pytest.mark.parametrize("argv", [["--rounds", "0"], ["--new-tokens", "0"], ["--threads", "0"], ["--batch", "-1"]])
