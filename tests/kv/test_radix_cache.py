@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from engine.kv.allocator import SlotAllocator
-from engine.kv.radix import NullPrefixCache, PrefixCache, RadixCache, RadixNode
+from engine.kv.radix import NullPrefixCache, PrefixCache, RadixCache, RadixNode, common_prefix_len
 
 Prefix = tuple[int, ...]
 
@@ -399,3 +399,20 @@ def test_model_check_random_operations(page_size: int, seed: int) -> None:
     model.check_invariants()
     model.cache.reset()
     assert model.allocator.num_free_slots == model.allocator.num_total_slots
+
+
+def test_common_prefix_len_of_lists_and_arrays_equals_a_scan() -> None:
+    """Lists take the bisecting slice comparison, arrays (or a mix) numpy's: both must give
+    the first index where the sequences differ, or the shorter length."""
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        shared = int(rng.integers(0, 400))
+        a = rng.integers(0, 3, size=shared + int(rng.integers(0, 200))).tolist()
+        b = a[:shared] + rng.integers(0, 3, size=int(rng.integers(0, 200))).tolist()
+        n = min(len(a), len(b))
+        expected = next((i for i in range(n) if a[i] != b[i]), n)
+        assert common_prefix_len(a, b) == expected
+        assert common_prefix_len(np.asarray(a), b) == expected
+        assert common_prefix_len(a, np.asarray(b)) == expected
+    assert common_prefix_len([], [1]) == 0
+    assert common_prefix_len((1, 2, 3), [1, 2, 4]) == 2  # a tuple against a list: by value
