@@ -11,7 +11,7 @@ one is admitted once the cache holds the shared part, computing only what follow
 from __future__ import annotations
 
 from engine.kv.manager import KVManager
-from engine.kv.radix import common_prefix_len
+from engine.kv.token_prefix import common_prefix_len
 from engine.request import Request
 
 # Shared prefixes shorter than this are computed twice rather than waited for: a step's delay

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from engine.kv.allocator import SlotAllocator
-from engine.kv.radix import NullPrefixCache, PrefixCache, RadixCache, RadixNode, common_prefix_len
+from engine.kv.radix import NullPrefixCache, PrefixCache, RadixCache, RadixNode
+from engine.kv.token_prefix import common_prefix_len
 
 Prefix = tuple[int, ...]
 
