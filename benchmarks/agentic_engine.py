@@ -87,6 +87,7 @@ from engine.runner.options import RunnerOptions  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 
 RANDOM_8B = "random-llama3-8b"
+PRINTED_KERNELS = 12  # of the JSON's top_kernels_ms, in the printed report
 
 
 @dataclass(frozen=True)
@@ -554,7 +555,7 @@ def _line(result: PolicyResult) -> str:
                 f"rate at this token count ({device_ms / result.floor_at_shape_ms:.2f}x); parts {result.floor_parts_ms}"
                 f"; mix {result.step_mix}"
             )
-        for name, ms in result.top_kernels_ms:
+        for name, ms in result.top_kernels_ms[:PRINTED_KERNELS]:
             line += f"\n    {ms:9.1f} ms  {name[:110]}"
     return line
 
