@@ -86,12 +86,13 @@ void gemv_pack_bf16(const bf16 *weight, int64_t ldw, bf16 *packed, int64_t n, in
 }
 
 /* sums [rows][PANEL] of bf16 rows row0.. over one bf16 panel, whole panels, `rows` <= WIDE_ROWS
-   a literal at each call, so that the sums stay in registers. */
+   a literal at each call, so that the sums stay in registers; from zero or (resume) from the
+   sums already there, as vector.h's fp32 product. */
 ALWAYS_INLINE void panel_sums_bf16(const bf16 *x, int64_t ldx, const bf16 *panel, int64_t k, int64_t row0,
-                                   const int rows, float *sums) {
+                                   const int rows, float *sums, const int resume) {
     vfloat acc[WIDE_ROWS][VECTORS];
     for (int r = 0; r < rows; r++)
-        for (int v = 0; v < VECTORS; v++) acc[r][v] = vzero();
+        for (int v = 0; v < VECTORS; v++) acc[r][v] = resume ? vload(sums + r * PANEL + v * LANES) : vzero();
     const bf16 *w = panel, *xs = x + row0 * ldx;
     for (int64_t kk = 0; kk < k; kk += 2, w += 2 * PANEL) {
 #if BF16_DOT
@@ -117,18 +118,31 @@ ALWAYS_INLINE void panel_sums_bf16(const bf16 *x, int64_t ldx, const bf16 *panel
         for (int v = 0; v < VECTORS; v++) vstore(sums + r * PANEL + v * LANES, acc[r][v]);
 }
 
-/* sums [rows][PANEL] of rows row0.. over one panel (k in order), `rows` <= ROW_BLOCK a literal
-   at each call. x rows: fp32 or bf16 (is_bf16, the weight's dtype too), row stride ldx. fp32 is
-   vector.h's product, which quant_gemm.c shares; bf16 takes WIDE_ROWS rows at a time. */
+/* sums [rows][PANEL] of rows row0.. over one panel (k in order; from zero, or resumed from the
+   sums there), `rows` <= ROW_BLOCK a literal at each call. x rows: fp32 or bf16 (is_bf16, the
+   weight's dtype too), row stride ldx. fp32 is vector.h's product, which quant_gemm.c shares;
+   bf16 takes WIDE_ROWS rows at a time. */
 ALWAYS_INLINE void panel_sums(const void *x, int64_t ldx, const void *panel, int64_t k, int64_t row0, const int rows,
-                              float *sums, const int is_bf16) {
+                              float *sums, const int resume, const void *ahead, const int is_bf16) {
     if (!is_bf16) {
-        panel_sums_f32(x, ldx, panel, k, row0, rows, sums);
+        panel_sums_f32(x, ldx, panel, k, row0, rows, sums, resume, ahead);
         return;
     }
     for (int r0 = 0; r0 < rows; r0 += WIDE_ROWS)
         panel_sums_bf16(x, ldx, panel, k, row0 + r0, rows - r0 < WIDE_ROWS ? rows - r0 : WIDE_ROWS,
-                        sums + r0 * PANEL);
+                        sums + r0 * PANEL, resume);
+}
+
+/* panel_sums for a row count known only at run time, each count its own unrolled copy. */
+ALWAYS_INLINE void block_sums(const void *x, int64_t ldx, const void *panel, int64_t k, int64_t row0, int64_t rows,
+                              float *sums, const int resume, const void *ahead, const int is_bf16) {
+    switch (rows) {
+#define BLOCK_OF(R) \
+    case R: panel_sums(x, ldx, panel, k, row0, R, sums, resume, ahead, is_bf16); break;
+        FOR_EACH_BLOCK_ROWS(BLOCK_OF)
+#undef BLOCK_OF
+        default: break;
+    }
 }
 
 /* Where a panel's sums go. Plain: columns [col0, col0 + 32) of out [m, n] (row stride ldo),
@@ -174,33 +188,65 @@ ALWAYS_INLINE void panel_block(const void *x, int64_t ldx, const void *panel, in
                                const int rows, int64_t col0, const struct epilogue *e, const int swiglu,
                                const int is_bf16) {
     float sums[ROW_BLOCK * PANEL] __attribute__((aligned(64)));
-    panel_sums(x, ldx, panel, k, row0, rows, sums, is_bf16);
+    panel_sums(x, ldx, panel, k, row0, rows, sums, 0, NULL, is_bf16);
     store_sums(sums, rows, row0, col0, e, swiglu, is_bf16);
 }
 
-/* x [m, k] @ packed [n, k]^T -> the epilogue. Tasks are (panel, block of rows), panel-major,
-   split statically: each thread streams a contiguous run of panels, each panel once per block
-   of rows (from cache after the first). */
+/* Every row block of a panel, the panel taken in runs of K_RUN k (K_RUN * PANEL weights, 2 KB
+   in fp32): each run is read from memory once, by the first block's pass, and from L1 by every
+   other pass over it, before the next run. Taken whole instead, a panel (72-192 KB) is read
+   from memory by the first block while the cores idle, then from L2 by the others while the
+   memory idles, so that a step of 10 rows costs the read plus the multiply-adds where it could
+   cost the larger of the two; the first block's pass also prefetches the next run (fp32), so
+   that its read overlaps this run's multiply-adds. The sums of all `m` <= RUN_ROWS rows wait
+   in L1 between runs; each resumes where it stopped, so the results are those of whole panels
+   to the bit. Past three blocks whole panels measured faster (benchmarks/cpu_gemv.py --rows,
+   docs/benchmarks.md). */
+#define K_RUN 16
+#define RUN_ROWS (3 * ROW_BLOCK)
+ALWAYS_INLINE void panel_in_runs(const void *x, int64_t ldx, const void *panel, int64_t m, int64_t k, int64_t col0,
+                                 const struct epilogue *e, const int swiglu, const int is_bf16) {
+    float sums[RUN_ROWS * PANEL] __attribute__((aligned(64)));
+    for (int64_t k0 = 0; k0 < k; k0 += K_RUN) {
+        const int64_t run = k - k0 < K_RUN ? k - k0 : K_RUN;
+        const void *x_run = is_bf16 ? (const void *)((const bf16 *)x + k0) : (const void *)((const float *)x + k0);
+        const void *panel_run = is_bf16 ? (const void *)((const bf16 *)panel + k0 * PANEL)
+                                        : (const void *)((const float *)panel + k0 * PANEL);
+        const void *next_run = k0 + K_RUN < k && !is_bf16 ? (const float *)panel_run + K_RUN * PANEL : NULL;
+        for (int64_t row0 = 0; row0 < m; row0 += ROW_BLOCK) {
+            const int64_t rows = m - row0 < ROW_BLOCK ? m - row0 : ROW_BLOCK;
+            block_sums(x_run, ldx, panel_run, run, row0, rows, sums + row0 * PANEL, k0 > 0, row0 == 0 ? next_run : NULL,
+                       is_bf16);
+        }
+    }
+    for (int64_t row0 = 0; row0 < m; row0 += ROW_BLOCK)
+        store_sums(sums + row0 * PANEL, (int)(m - row0 < ROW_BLOCK ? m - row0 : ROW_BLOCK), row0, col0, e, swiglu,
+                   is_bf16);
+}
+
+/* x [m, k] @ packed [n, k]^T -> the epilogue, threads taking contiguous runs of panels
+   (static split). A panel that more than one pass reads (more rows than WIDE_ROWS) is taken in
+   runs of k (above) for at most RUN_ROWS rows where there are panels enough to share out
+   four per thread (a 576-feature layer on 16 threads has 18: there, each (panel, block of
+   rows) is a task of its own, reading the whole panel, from cache after the first block). */
 ALWAYS_INLINE void linear_panels(const void *x, int64_t ldx, const void *packed, int64_t m, int64_t n, int64_t k,
                                  int threads, const struct epilogue *e, const int swiglu, const int is_bf16) {
-    const int64_t blocks = (m + ROW_BLOCK - 1) / ROW_BLOCK, panel_elems = k * PANEL;
+    const int64_t panels = panels_of(n), panel_elems = k * PANEL;
+    const int in_runs = m > WIDE_ROWS && m <= RUN_ROWS && panels >= 4 * (int64_t)threads;
+    const int64_t blocks = in_runs ? 1 : (m + ROW_BLOCK - 1) / ROW_BLOCK;
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t task = 0; task < panels_of(n) * blocks; task++) {
+    for (int64_t task = 0; task < panels * blocks; task++) {
         const int64_t p = task / blocks, row0 = (task % blocks) * ROW_BLOCK;
         const void *panel = is_bf16 ? (const void *)((const bf16 *)packed + p * panel_elems)
                                     : (const void *)((const float *)packed + p * panel_elems);
-        const int64_t rows = m - row0 < ROW_BLOCK ? m - row0 : ROW_BLOCK;
-        switch (rows) { /* each row count its own unrolled copy */
+        if (in_runs) {
+            panel_in_runs(x, ldx, panel, m, k, p * PANEL, e, swiglu, is_bf16);
+            continue;
+        }
+        switch (m - row0 < ROW_BLOCK ? m - row0 : ROW_BLOCK) { /* each row count its own unrolled copy */
 #define BLOCK_OF(R) \
     case R: panel_block(x, ldx, panel, k, row0, R, p * PANEL, e, swiglu, is_bf16); break;
-            BLOCK_OF(1)
-            BLOCK_OF(2)
-#if ROW_BLOCK > 2
-            BLOCK_OF(3)
-            BLOCK_OF(4)
-            BLOCK_OF(5)
-            BLOCK_OF(6)
-#endif
+            FOR_EACH_BLOCK_ROWS(BLOCK_OF)
 #undef BLOCK_OF
             default: break;
         }

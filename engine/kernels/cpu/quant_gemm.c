@@ -143,15 +143,8 @@ ALWAYS_INLINE int linear_many_rows(const enum format format, const float *x, int
                 const int64_t rows = m - row0 < ROW_BLOCK ? m - row0 : ROW_BLOCK;
                 switch (rows) { /* each row count its own unrolled copy */
 #define BLOCK_OF(R) \
-    case R: panel_sums_f32(x, ldx, panel, k, row0, R, sums); break;
-                    BLOCK_OF(1)
-                    BLOCK_OF(2)
-#if ROW_BLOCK > 2
-                    BLOCK_OF(3)
-                    BLOCK_OF(4)
-                    BLOCK_OF(5)
-                    BLOCK_OF(6)
-#endif
+    case R: panel_sums_f32(x, ldx, panel, k, row0, R, sums, 0, NULL); break;
+                    FOR_EACH_BLOCK_ROWS(BLOCK_OF)
 #undef BLOCK_OF
                     default: break;
                 }

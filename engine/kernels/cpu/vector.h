@@ -71,16 +71,30 @@ static inline vfloat vfma(vfloat a, vfloat b, vfloat c) { return a * b + c; }
 
 #define VECTORS (PANEL / LANES) /* vectors per row of a panel's sums */
 
+/* The row counts of a block, for a switch that hands a count known at run time to a call with
+   that count as a literal (each count its own unrolled copy): a `case R: ...; break;` per
+   count from CASE(R). */
+#if ROW_BLOCK > 2
+#define FOR_EACH_BLOCK_ROWS(CASE) CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
+#else
+#define FOR_EACH_BLOCK_ROWS(CASE) CASE(1) CASE(2)
+#endif
+
 /* sums [rows][PANEL] of x's rows row0.. (row stride ldx) over one fp32 panel [k][PANEL], k in
    order, all 32 columns at once; `rows` <= WIDE_ROWS is a literal at each call, so that the
-   sums stay in registers. */
+   sums stay in registers. From zero, or (resume) from the sums already there: a panel taken
+   in runs of k continues each sum exactly where the last run stored it. */
 ALWAYS_INLINE void wide_sums_f32(const float *x, int64_t ldx, const float *panel, int64_t k, int64_t row0,
-                                 const int rows, float *sums) {
+                                 const int rows, float *sums, const int resume, const float *ahead) {
     vfloat acc[WIDE_ROWS][VECTORS];
     for (int r = 0; r < rows; r++)
-        for (int v = 0; v < VECTORS; v++) acc[r][v] = vzero();
+        for (int v = 0; v < VECTORS; v++) acc[r][v] = resume ? vload(sums + r * PANEL + v * LANES) : vzero();
     const float *w = panel, *xs = x + row0 * ldx;
     for (int64_t kk = 0; kk < k; kk++, w += PANEL) {
+        if (ahead) {
+            __builtin_prefetch(ahead + kk * PANEL);
+            __builtin_prefetch(ahead + kk * PANEL + PANEL / 2);
+        }
         vfloat wv[VECTORS];
         for (int v = 0; v < VECTORS; v++) wv[v] = vload(w + v * LANES);
         for (int r = 0; r < rows; r++) {
@@ -95,13 +109,17 @@ ALWAYS_INLINE void wide_sums_f32(const float *x, int64_t ldx, const float *panel
 #if WIDE_ROWS < ROW_BLOCK
 /* The same for columns [col0, col0 + 2 * LANES) (half a panel), `rows` <= ROW_BLOCK a literal. */
 ALWAYS_INLINE void half_sums_f32(const float *x, int64_t ldx, const float *panel, int64_t k, int64_t row0,
-                                 const int rows, const int col0, float *sums) {
+                                 const int rows, const int col0, float *sums, const int resume, const float *ahead) {
     vfloat acc[ROW_BLOCK][2];
-    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = vzero();
+    for (int r = 0; r < rows; r++) {
+        acc[r][0] = resume ? vload(sums + r * PANEL + col0) : vzero();
+        acc[r][1] = resume ? vload(sums + r * PANEL + col0 + LANES) : vzero();
+    }
     const float *w = panel + col0, *xs = x + row0 * ldx;
     for (int64_t kk = 0; kk < k; kk++, w += PANEL) {
         if (col0 == 0) /* the other half's cache line too, so that the second pass finds it in cache */
             __builtin_prefetch(w + PANEL / 2);
+        if (ahead) __builtin_prefetch(ahead + kk * PANEL + col0);
         const vfloat w0 = vload(w), w1 = vload(w + LANES);
         for (int r = 0; r < rows; r++) {
             const vfloat xv = vset1(xs[r * ldx + kk]);
@@ -116,22 +134,24 @@ ALWAYS_INLINE void half_sums_f32(const float *x, int64_t ldx, const float *panel
 }
 #endif
 
-/* sums [rows][PANEL] of x's rows row0.. over one fp32 panel; `rows` <= ROW_BLOCK a literal:
+/* sums [rows][PANEL] of x's rows row0.. over one fp32 panel (from zero or resumed, as above);
+   `rows` <= ROW_BLOCK a literal:
    two passes of half a panel from HALF_FROM rows on, else whole panels, WIDE_ROWS rows at a
    time. Four rows stay on whole panels: where the weights stream from memory (a decode step
    of four requests), two passes of two rows read them faster than two half panels of four
    (benchmarks/cpu_gemv.py --rows, docs/benchmarks.md). */
 ALWAYS_INLINE void panel_sums_f32(const float *x, int64_t ldx, const float *panel, int64_t k, int64_t row0,
-                                  const int rows, float *sums) {
+                                  const int rows, float *sums, const int resume, const float *ahead) {
 #if WIDE_ROWS < ROW_BLOCK
     if (rows >= HALF_FROM) {
-        half_sums_f32(x, ldx, panel, k, row0, rows, 0, sums);
-        half_sums_f32(x, ldx, panel, k, row0, rows, PANEL / 2, sums);
+        half_sums_f32(x, ldx, panel, k, row0, rows, 0, sums, resume, ahead);
+        half_sums_f32(x, ldx, panel, k, row0, rows, PANEL / 2, sums, resume, ahead);
         return;
     }
 #endif
     for (int r0 = 0; r0 < rows; r0 += WIDE_ROWS)
-        wide_sums_f32(x, ldx, panel, k, row0 + r0, rows - r0 < WIDE_ROWS ? rows - r0 : WIDE_ROWS, sums + r0 * PANEL);
+        wide_sums_f32(x, ldx, panel, k, row0 + r0, rows - r0 < WIDE_ROWS ? rows - r0 : WIDE_ROWS, sums + r0 * PANEL,
+                      resume, r0 == 0 ? ahead : NULL);
 }
 
 #endif
