@@ -14,6 +14,7 @@ elementwise.c's silu_and_mul with the same roundings: equal bit for bit, by cons
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.skipif(not gemv.available(), reason="no C compiler: the
 DTYPES = [torch.float32, torch.bfloat16]
 ROWS = [1, 2, 5, 6, 7, 16, 37]  # one decode row, row-block tails of every ISA, a batch, a chunk
 # SmolLM2-135M: qkv (576 + 2 * 192), o, gate/up (2 x 1536), down; a tiny one; a k that ends in a
-# short run (gemv.c takes panels in runs of 64 k)
+# short run (gemv.c takes panels in runs of 16 k)
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (64, 10), (320, 200)]
 
 
@@ -59,6 +60,36 @@ def test_linear_at_every_isa_level(isa_level: str, dtype: torch.dtype, shape: tu
         assert_within_sum_bound(gemv.linear(x, packed, bias), x, weight, bias)
         # the same rows alone give the same values: a row's sums do not depend on its block
         assert torch.equal(gemv.linear(x[-1:].contiguous(), packed), got[-1:])
+
+
+@pytest.fixture
+def torch_threads() -> Iterator[None]:
+    """Restores torch's thread count, which the kernels take as theirs, after the test."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+# fewer than four panels per thread split the weight's k rows evenly, a panel between two threads
+SPLIT_THREADS = [5, 12, 16, 17]
+
+
+@pytest.mark.parametrize("shape", [(576, 576), (960, 576), (576, 1536)], ids=str)
+def test_a_panel_split_between_threads_sums_as_one_thread_does(
+    isa_level: str, shape: tuple[int, int], seed: int, torch_threads: None
+):
+    gen = torch.Generator().manual_seed(seed)
+    n, k = shape
+    weight = torch.randn(n, k, generator=gen)
+    packed, gated = gemv.pack(weight), gemv.pack_gated(weight)
+    for rows in range(1, 7):
+        x = torch.randn(rows, 2 * k, generator=gen)[:, :k]
+        torch.set_num_threads(1)
+        plain, swiglu = gemv.linear(x, packed), gemv.linear_swiglu(x, gated)
+        for threads in SPLIT_THREADS:
+            torch.set_num_threads(threads)
+            assert torch.equal(gemv.linear(x, packed), plain), f"{rows} rows on {threads} threads"
+            assert torch.equal(gemv.linear_swiglu(x, gated), swiglu), f"{rows} rows on {threads} threads"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

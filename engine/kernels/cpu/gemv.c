@@ -19,6 +19,7 @@
    x86-64 and to NEON on ARM64. bf16 weights are widened to fp32 by a shift (the even k of a
    pair) and a mask (the odd one) where the CPU has no bf16 dot product. */
 
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -224,6 +225,50 @@ ALWAYS_INLINE void panel_in_runs(const void *x, int64_t ldx, const void *panel, 
                    is_bf16);
 }
 
+/* x [m, k] @ packed [n, k]^T -> the epilogue for one block of fp32 rows over fewer than four
+   panels per thread (a 576-feature layer on 16 threads has 18 panels, so that whole panels
+   leave two threads reading two while fourteen read one): the weight's bytes split evenly,
+   each thread a contiguous range of the panels' k rows, so a panel may be begun by one thread
+   and finished by the next. Its sums still run over k in order, as a whole panel's: thread t
+   first sums the start of the panel its range ends in and publishes those sums, then takes
+   its whole panels, then resumes the panel that thread t - 1 began, once t - 1 has
+   published (the first thing t - 1 does). Every output is the same sequence of multiply-adds
+   as in linear_panels, bit for bit. `threads` <= panels, so a range spans at least one
+   panel's rows and a panel is split between two threads at most. */
+ALWAYS_INLINE void linear_even_split(const float *x, int64_t ldx, const float *packed, int64_t m, int64_t n, int64_t k,
+                                     int threads, const struct epilogue *e, const int swiglu) {
+    const int64_t panel_elems = k * PANEL, units = panels_of(n) * k; /* a unit: one k row of one panel */
+    float begun[threads][ROW_BLOCK * PANEL]; /* thread t's sums of the start of its last panel */
+    int published[threads];
+    for (int t = 0; t < threads; t++) published[t] = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        const int count = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t start = units * t / count, end = units * (t + 1) / count;
+        const int64_t first = start / k, first_k = start % k; /* first_k > 0: t - 1 began `first` */
+        const int64_t last = (end - 1) / k, last_k = end - last * k; /* last_k < k: t + 1 finishes `last` */
+        if (last_k < k) {
+            block_sums(x, ldx, packed + last * panel_elems, last_k, 0, m, begun[t], 0, NULL, 0);
+            __atomic_store_n(&published[t], 1, __ATOMIC_RELEASE);
+        }
+        for (int64_t p = first_k ? first + 1 : first; p < (last_k < k ? last : last + 1); p++)
+            switch (m) {
+#define BLOCK_OF(R) \
+    case R: panel_block(x, ldx, packed + p * panel_elems, k, 0, R, p * PANEL, e, swiglu, 0); break;
+                FOR_EACH_BLOCK_ROWS(BLOCK_OF)
+#undef BLOCK_OF
+                default: break;
+            }
+        if (first_k) {
+            while (!__atomic_load_n(&published[t - 1], __ATOMIC_ACQUIRE)) {
+            }
+            block_sums(x + first_k, ldx, packed + first * panel_elems + first_k * PANEL, k - first_k, 0, m, begun[t - 1],
+                       1, NULL, 0);
+            store_sums(begun[t - 1], (int)m, 0, first * PANEL, e, swiglu, 0);
+        }
+    }
+}
+
 /* x [m, k] @ packed [n, k]^T -> the epilogue, threads taking contiguous runs of panels
    (static split). A panel that more than one pass reads (more rows than WIDE_ROWS) is taken in
    runs of k (above) for at most RUN_ROWS rows where there are panels enough to share out
@@ -232,6 +277,10 @@ ALWAYS_INLINE void panel_in_runs(const void *x, int64_t ldx, const void *panel, 
 ALWAYS_INLINE void linear_panels(const void *x, int64_t ldx, const void *packed, int64_t m, int64_t n, int64_t k,
                                  int threads, const struct epilogue *e, const int swiglu, const int is_bf16) {
     const int64_t panels = panels_of(n), panel_elems = k * PANEL;
+    if (!is_bf16 && m <= ROW_BLOCK && panels >= threads && panels < 4 * (int64_t)threads && panels % threads) {
+        linear_even_split(x, ldx, packed, m, n, k, threads, e, swiglu);
+        return;
+    }
     const int in_runs = m > WIDE_ROWS && m <= RUN_ROWS && panels >= 4 * (int64_t)threads;
     const int64_t blocks = in_runs ? 1 : (m + ROW_BLOCK - 1) / ROW_BLOCK;
 #pragma omp parallel for num_threads(threads) schedule(static)
