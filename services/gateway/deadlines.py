@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 
 from engine.outputs import RequestOutput
 from services.gateway.errors import RequestTimedOut
 from services.gateway.tracked import Sink
+from services.waits import within
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ async def next_output(sink: Sink, deadlines: Deadlines, has_token: bool) -> tupl
     `RequestTimedOut` once a deadline has passed; the caller aborts the request's choices."""
     deadlines.check(time.perf_counter(), has_token)
     try:
-        return await asyncio.wait_for(sink.get(), deadlines.wait_s(time.perf_counter(), has_token))
+        return await within(sink.get(), deadlines.wait_s(time.perf_counter(), has_token))
     except TimeoutError:
         deadlines.check(time.perf_counter(), has_token)
         return None

@@ -9,32 +9,19 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import concurrent.futures
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from engine.handoff import Continuation
 from engine.sampling_params import SamplingParams
+from services.waits import answer_within
 from services.workers.engine_loop import EngineLoop
 from services.workers.transfer import TransferTicket
 from services.workers.types import Ack, PollResult, Role, StatsSnapshot, Submission, WorkerInfo
 
-T = TypeVar("T")
-
 
 class WorkerUnavailable(RuntimeError):
     """The worker did not answer: it died, is restarting, timed out, or the call failed."""
-
-
-async def answer_within(answer: concurrent.futures.Future[T], timeout_s: float | None) -> T:
-    """`answer`, a call's result set on another thread, waited for at most `timeout_s` seconds.
-
-    Not `asyncio.wait_for`: on Python 3.11 it returns the result instead of raising
-    CancelledError when the caller is cancelled in the loop iteration in which the result lands,
-    and a pump or monitor loop cancelled so (`WorkerPool.stop`, at shutdown) would run on and
-    keep the process from exiting."""
-    async with asyncio.timeout(timeout_s):
-        return await asyncio.wrap_future(answer)
 
 
 class WorkerClient(abc.ABC):

@@ -28,6 +28,7 @@ import torch
 
 from engine.handoff import HeldKV, KVHandoff
 from engine.kv.pool import KVPool, gather_slots
+from services.waits import within
 from services.workers.transfer import KVTransfer, ReleaseSink, TransferError, TransferTicket
 
 # (rebuild function, its arguments): torch.multiprocessing's picklable IPC form of a tensor
@@ -121,7 +122,7 @@ class CudaIpcTransfer(KVTransfer):
 
     async def receive(self, ticket: TransferTicket, timeout_s: float) -> KVHandoff:
         try:
-            return await asyncio.wait_for(asyncio.to_thread(self.copy_out, ticket), timeout_s)
+            return await within(asyncio.to_thread(self.copy_out, ticket), timeout_s)
         except asyncio.TimeoutError as exc:
             raise TransferError(f"KV transfer timed out after {timeout_s:g} s") from exc
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from engine.handoff import Continuation, KVHandoff
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from services.waits import within
 from services.workers.handoff_sender import HandoffSender, Taken
 from services.workers.outbox import Outbox
 from services.workers.pending import pending_handoffs
@@ -189,7 +190,7 @@ class EngineLoop:
             self._receiving[request_id] = consumer
         try:
             # the transport bounds its own wait; this bound holds whatever the transport does
-            handoff = await asyncio.wait_for(self.transfer.receive(ticket, timeout_s), timeout_s + 1.0)
+            handoff = await within(self.transfer.receive(ticket, timeout_s), timeout_s + 1.0)
         except Exception as exc:  # any failure of the transport fails the request, never hangs it
             with self._receive_lock:
                 self._receiving.pop(request_id, None)

@@ -15,6 +15,7 @@ import threading
 import time
 from collections import defaultdict
 
+from services.waits import within
 from services.workers.types import WorkerEvent
 
 
@@ -74,7 +75,7 @@ class Outbox:
                     return []
                 self._waiters[consumer].append((loop, event))
             try:
-                await asyncio.wait_for(event.wait(), remaining)
+                await within(event.wait(), remaining)
             except asyncio.TimeoutError:
                 with self._lock:
                     self._last_seen_s[consumer] = time.monotonic()

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from engine.handoff import HeldKV, KVHandoff
 from engine.kv.pool import KVPool
+from services.waits import answer_within
 
 
 class TransferError(RuntimeError):
@@ -85,7 +86,7 @@ class RayObjectStoreTransfer(KVTransfer):
         import ray
 
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(ticket.payload.future()), timeout_s)
+            return await answer_within(ticket.payload.future(), timeout_s)
         except asyncio.TimeoutError as exc:
             raise TransferError(f"KV transfer timed out after {timeout_s:g} s") from exc
         except ray.exceptions.RayError as exc:
