@@ -1,4 +1,4 @@
-"""Two host costs of the engine's step loop, each against what it replaced, side by side:
+"""Three host costs of the engine's step loop, each against what it replaced, side by side:
 
     python benchmarks/host_costs.py [--model smollm2-135m] [--tokens 4000] [--rounds 5]
 
@@ -9,6 +9,9 @@
 2. The common prefix of two histories held as lists (engine/kv/token_prefix.py, what the
    scheduler compares for every queued request each step): 3,000 and 2,976 ids sharing
    2,048, by list slices and by converting both to arrays; microseconds per call.
+3. One streaming output of a request `tokens` tokens into its generation, built, pickled and
+   unpickled (the worker's outbox to the gateway over Ray): a one-token delta as outputs are
+   now, and the same delta carrying the request's whole token list as every output did.
 
 Best of `rounds` rounds, the variants interleaved in each round.
 """
@@ -16,6 +19,7 @@ Best of `rounds` rounds, the variants interleaved in each round.
 from __future__ import annotations
 
 import argparse
+import pickle
 import random
 import sys
 import time
@@ -30,6 +34,7 @@ from engine.detokenizer import IncrementalDetokenizer, TokenDecoder  # noqa: E40
 from engine.kv.token_prefix import common_prefix_len  # noqa: E402
 from engine.loader.resolve import resolve_model  # noqa: E402
 from engine.loader.tokenizer import Tokenizer  # noqa: E402
+from engine.outputs import RequestOutput, RequestTimings  # noqa: E402
 
 
 class WrapperDecode:
@@ -52,6 +57,22 @@ def prefix_by_arrays(a: Sequence[int], b: Sequence[int]) -> int:
 def detokenize(decoder: TokenDecoder, ids: list[int]) -> str:
     detok = IncrementalDetokenizer(decoder, ids[:3])
     return "".join(detok.push([token]) for token in ids[3:]) + detok.flush()
+
+
+def output_round_trip(generated: list[int], whole_list: bool) -> Callable[[], object]:
+    """Build, pickle and unpickle one step's output of a request that has `generated` tokens."""
+
+    def once() -> object:
+        out = RequestOutput(
+            request_id="chatcmpl-0123456789abcdef",
+            new_token_ids=(generated[-1],),
+            new_text=" word",
+            token_ids=tuple(generated) if whole_list else (),
+            timings=RequestTimings(1.0, 2.0, 3.0, None),
+        )
+        return pickle.loads(pickle.dumps(out, protocol=5))
+
+    return once
 
 
 def best_us(variants: dict[str, Callable[[], object]], rounds: int, per: int) -> dict[str, float]:
@@ -97,6 +118,14 @@ def main() -> None:
         raise SystemExit("the two common-prefix paths disagree")
     prefix = best_us({"list slices": repeat(common_prefix_len), "arrays": repeat(prefix_by_arrays)}, args.rounds, calls)
 
+    outputs = 200
+
+    def repeat_output(whole_list: bool) -> Callable[[], object]:
+        once = output_round_trip(ids[: args.tokens], whole_list)
+        return lambda: [once() for _ in range(outputs)]
+
+    output = best_us({"delta": repeat_output(False), "whole list": repeat_output(True)}, args.rounds, outputs)
+
     print(f"best of {args.rounds} rounds, interleaved")
     print("| cost | now, us | before, us | before / now |")
     print("|---|---:|---:|---:|")
@@ -107,6 +136,10 @@ def main() -> None:
     print(
         f"| common prefix of two list histories | {prefix['list slices']:.0f} | {prefix['arrays']:.0f} | "
         f"{prefix['arrays'] / prefix['list slices']:.2f}x |"
+    )
+    print(
+        f"| a streaming output at {args.tokens} tokens, built and sent | {output['delta']:.1f} | "
+        f"{output['whole list']:.1f} | {output['whole list'] / output['delta']:.2f}x |"
     )
 
 

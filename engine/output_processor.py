@@ -176,7 +176,7 @@ class OutputProcessor:
             request_id=req.request_id,
             new_token_ids=tuple(stream.new_ids),
             new_text=text,
-            token_ids=tuple(req.output_ids),
+            token_ids=tuple(req.output_ids) if req.finish_reason is not None else (),
             finished=req.is_finished,
             finish_reason=req.finish_reason,
             stop_reason=req.stop_reason,

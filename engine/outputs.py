@@ -33,7 +33,10 @@ class RequestOutput:
     request_id: str
     new_token_ids: tuple[int, ...]  # produced since the previous output of this request
     new_text: str  # detokenised delta (stop strings already cut)
-    token_ids: tuple[int, ...]  # all generated tokens so far
+    # Every token generated, on the output that ends the request's life in this engine (it
+    # finished, or was handed off: finish_reason set); () on the others, whose tokens are their
+    # new_token_ids: a stream would otherwise copy and send its whole output again every step.
+    token_ids: tuple[int, ...]
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stop_reason: str | int | None = None  # the stop string or token id that matched
