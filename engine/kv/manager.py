@@ -124,8 +124,9 @@ class KVManager:
         if not self.caches_prefixes or n <= req.num_cached:
             return
         slots = self.table.slots(req.row, 0, n).astype(np.int64)
-        self.prefix_cache.insert(fill_ids[:n], slots)
-        match = self.prefix_cache.match_prefix(fill_ids[:n])
+        prefix = np.asarray(fill_ids[:n], dtype=np.int64)  # converted once for both calls
+        self.prefix_cache.insert(prefix, slots)
+        match = self.prefix_cache.match_prefix(prefix)
         self.prefix_cache.lock(match.node)
         if req.prefix_node is not None:
             self.prefix_cache.unlock(req.prefix_node)
