@@ -1,4 +1,4 @@
-"""Three host costs of the engine's step loop, each against what it replaced, side by side:
+"""Four host costs of serving, each against what it replaced, side by side:
 
     python benchmarks/host_costs.py [--model smollm2-135m] [--tokens 4000] [--rounds 5]
 
@@ -12,6 +12,10 @@
 3. One streaming output of a request `tokens` tokens into its generation, built, pickled and
    unpickled (the worker's outbox to the gateway over Ray): a one-token delta as outputs are
    now, and the same delta carrying the request's whole token list as every output did.
+4. Tokenising the rendered prompts of `dspark-serve bench --workload agentic` (32 sessions of
+   3-8 turns over one shared system prompt, in the order their turns arrive): the tokenizer's
+   segment cache (engine/loader/segment_cache.py), empty at the start of each round, against
+   the Hugging Face tokenizer on each whole text, as before; microseconds per prompt. Both must give the same ids.
 
 Best of `rounds` rounds, the variants interleaved in each round.
 """
@@ -35,6 +39,7 @@ from engine.kv.token_prefix import common_prefix_len  # noqa: E402
 from engine.loader.resolve import resolve_model  # noqa: E402
 from engine.loader.tokenizer import Tokenizer  # noqa: E402
 from engine.outputs import RequestOutput, RequestTimings  # noqa: E402
+from services.bench.workloads import AgenticWorkload, WorkloadConfig  # noqa: E402
 
 
 class WrapperDecode:
@@ -73,6 +78,25 @@ def output_round_trip(generated: list[int], whole_list: bool) -> Callable[[], ob
         return pickle.loads(pickle.dumps(out, protocol=5))
 
     return once
+
+
+def agentic_prompts(tokenizer: Tokenizer, sessions: int) -> list[str]:
+    """The rendered prompts of `sessions` agentic sessions, turn by turn across the sessions;
+    each reply is a tool call of the kind the workload asks for."""
+    workload = AgenticWorkload(WorkloadConfig(), seed=0)
+    live = [workload.new_session() for _ in range(sessions)]
+    texts = []
+    while live:
+        still = []
+        for session in live:
+            request = session.next_request()
+            if request is None:
+                continue
+            texts.append(tokenizer.apply_chat_template(request.messages))
+            session.record(f'{{"tool": "search", "arguments": {{"query": "step {len(texts)}"}}}}')
+            still.append(session)
+        live = still
+    return texts
 
 
 def best_us(variants: dict[str, Callable[[], object]], rounds: int, per: int) -> dict[str, float]:
@@ -126,6 +150,27 @@ def main() -> None:
 
     output = best_us({"delta": repeat_output(False), "whole list": repeat_output(True)}, args.rounds, outputs)
 
+    prompts = agentic_prompts(tokenizer, sessions=32)
+    hf = tokenizer.hf_tokenizer
+
+    def tokenise_whole() -> list[list[int]]:  # Tokenizer.encode before: the Hugging Face wrapper's
+        return [list(hf.encode(text, add_special_tokens=False)) for text in prompts]
+
+    def tokenise_segments() -> Callable[[], list[list[int]]]:
+        fresh = Tokenizer(tokenizer.hf_tokenizer, tokenizer.chat_template)  # an empty cache each round
+        return lambda: [fresh.encode(text, add_special_tokens=False) for text in prompts]
+
+    whole_ids = tokenise_whole()
+    if tokenise_segments()() != whole_ids:
+        raise SystemExit("the segment cache gave other ids than the whole texts")
+    tokenising = dict.fromkeys(("segments", "whole"), float("inf"))
+    for _ in range(args.rounds):
+        for name, run in (("segments", tokenise_segments()), ("whole", tokenise_whole)):
+            start = time.perf_counter()
+            run()
+            tokenising[name] = min(tokenising[name], 1e6 * (time.perf_counter() - start) / len(prompts))
+    mean_tokens = sum(len(ids) for ids in whole_ids) / len(prompts)
+
     print(f"best of {args.rounds} rounds, interleaved")
     print("| cost | now, us | before, us | before / now |")
     print("|---|---:|---:|---:|")
@@ -140,6 +185,11 @@ def main() -> None:
     print(
         f"| a streaming output at {args.tokens} tokens, built and sent | {output['delta']:.1f} | "
         f"{output['whole list']:.1f} | {output['whole list'] / output['delta']:.2f}x |"
+    )
+    print(
+        f"| tokenising an agentic prompt ({len(prompts)} prompts, {mean_tokens:.0f} tokens mean) | "
+        f"{tokenising['segments']:.0f} | {tokenising['whole']:.0f} | "
+        f"{tokenising['whole'] / tokenising['segments']:.2f}x |"
     )
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.loader.resolve import ModelNotFoundError, ModelSource, shipped_chat_template
+from engine.loader.segment_cache import segment_cache
 
 ROLES = ("system", "user", "assistant", "tool")
 # Turn-end tokens that chat templates close each message with; a model that is prompted with
@@ -50,6 +51,17 @@ class Tokenizer:
             eos.extend(vocab[t] for t in _TURN_END_TOKENS if t in self.chat_template and t in vocab)
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(eos))
         self._backend_decode = _backend_decode(hf_tokenizer)
+        self._segments = segment_cache(hf_tokenizer, self.chat_template)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Sent without its segment cache (a lock and what this process tokenised)."""
+        state = dict(self.__dict__)
+        del state["_segments"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._segments = segment_cache(self.hf_tokenizer, self.chat_template)
 
     # -- construction ---------------------------------------------------------------------
 
@@ -105,7 +117,10 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`. Text rendered by `apply_chat_template` already holds its special
-        tokens: encode it with `add_special_tokens=False`."""
+        tokens: encode it with `add_special_tokens=False`, which reuses the ids of the segments
+        between special tokens seen before (engine/loader/segment_cache.py)."""
+        if not add_special_tokens and self._segments is not None:
+            return self._segments.encode(text)
         return list(self.hf_tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
