@@ -87,8 +87,9 @@ class SegmentCache:
 
 def segment_cache(hf_tokenizer: Any, chat_template: str | None) -> SegmentCache | None:
     """A SegmentCache over `hf_tokenizer`'s fast backend, cutting at the special tokens its
-    chat template uses, or None where there is none to use or the tokenizer does not tokenise
-    the pieces of a text apart as it tokenises the whole (checked on probe texts)."""
+    chat template uses, or None where there is none to use or the pieces of a text do not
+    tokenise as the whole does, by the backend and by the Hugging Face wrapper (checked on
+    probe texts)."""
     backend = getattr(hf_tokenizer, "backend_tokenizer", None)
     added = getattr(hf_tokenizer, "added_tokens_decoder", None)
     if backend is None or not added or not chat_template:
@@ -109,8 +110,9 @@ def segment_cache(hf_tokenizer: Any, chat_template: str | None) -> SegmentCache 
     cache = SegmentCache(encode, boundaries)
     for first in boundaries:
         for second in boundaries:
-            probe = "".join(f"{mark}{body}" for mark in (first, second) for body in _PROBE_BODIES)
-            pieces = cache.segments("Plain text first. " + probe)
-            if encode("".join(pieces)) != [i for piece in pieces for i in encode(piece)]:
+            text = "Plain text first. " + "".join(f"{mark}{body}" for mark in (first, second) for body in _PROBE_BODIES)
+            in_pieces = [i for piece in cache.segments(text) for i in encode(piece)]
+            # the whole text, by the backend and by the wrapper (what encode called before)
+            if in_pieces != encode(text) or in_pieces != list(hf_tokenizer.encode(text, add_special_tokens=False)):
                 return None
     return cache

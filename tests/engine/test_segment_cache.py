@@ -48,7 +48,8 @@ def test_rendered_prompts_tokenise_exactly_and_reuse_segments(smollm: LoadedMode
     assert cache is not None  # the embedded model's tokenizer cuts at its ChatML tokens
     texts = [tokenizer.apply_chat_template(c) for c in _conversations(tokenizer)]
     for text in texts:
-        assert tokenizer.encode(text, add_special_tokens=False) == _whole(tokenizer, text)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert ids == _whole(tokenizer, text) == list(tokenizer.hf_tokenizer.encode(text, add_special_tokens=False))
     assert cache.cached_tokens_served > 5 * len(_whole(tokenizer, texts[-1]))  # system prompt and earlier turns
     assert tokenizer.encode("a plain completion prompt", add_special_tokens=False) == _whole(
         tokenizer, "a plain completion prompt"
@@ -81,7 +82,8 @@ def test_a_tokenizer_whose_pieces_tokenise_differently_gets_no_cache() -> None:
 
     mark = AddedToken("<|turn|>", special=True, normalized=False)
     backend = SimpleNamespace(encode_batch=context_dependent)
-    hf = SimpleNamespace(backend_tokenizer=backend, added_tokens_decoder={7: mark})
+    wrapper_encode = lambda text, add_special_tokens: context_dependent([text], add_special_tokens)[0].ids  # noqa: E731
+    hf = SimpleNamespace(backend_tokenizer=backend, added_tokens_decoder={7: mark}, encode=wrapper_encode)
     assert segment_cache(hf, "{{ '<|turn|>' + message }}") is None
     assert segment_cache(hf, "a template without the token") is None
 
