@@ -74,11 +74,11 @@ class SegmentCache:
 
     def _keep(self, fresh: dict[str, array[int]]) -> None:
         added = sum(len(piece_ids) for piece_ids in fresh.values())
+        if added > self.max_tokens:  # one prompt past the whole budget: kept nowhere, nothing dropped
+            return
         with self._lock:
             if self._tokens + added > self.max_tokens:
                 self._ids, self._tokens = {}, 0
-            if added > self.max_tokens:
-                return
             for piece, piece_ids in fresh.items():
                 if piece not in self._ids:
                     self._ids[piece] = piece_ids
