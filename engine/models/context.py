@@ -25,8 +25,17 @@ class LayerContext(Protocol):
     capture_layers: tuple[int, ...]  # residual stream *after* these layers is captured
     captured: list[torch.Tensor]  # filled in capture order
 
-    def attention(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        """q [T, Hq, D] (after RoPE), k/v [T, Hkv, D] -> [T, Hq, D]; stores k/v in the layer's KV."""
+    def attention(
+        self,
+        layer_id: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """q [T, Hq, D] (after RoPE), k/v [T, Hkv, D] -> [T, Hq, D]; stores k/v in the layer's KV.
+        `out` [T, Hq, D]: where the result goes (and what is returned), if given."""
         ...
 
 
@@ -38,9 +47,17 @@ class ForwardContext:
     capture_layers: tuple[int, ...] = ()  # residual stream *after* these layers is captured
     captured: list[torch.Tensor] = field(default_factory=list)  # filled in capture order
 
-    def attention(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    def attention(
+        self,
+        layer_id: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         k_cache, v_cache = self.kv.layer(layer_id)
-        return self.backend.forward(q, k, v, k_cache, v_cache, self.meta, scale)
+        return self.backend.forward(q, k, v, k_cache, v_cache, self.meta, scale, out=out)
 
     def aux_hidden(self) -> torch.Tensor | None:
         """[T, K*H]: the captured residual streams concatenated per token, or None."""

@@ -91,7 +91,15 @@ class _PieceCutter:
             self.graphs.append(self._graph)
             self._graph = None
 
-    def attention(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    def attention(
+        self,
+        layer_id: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float,
+        out: torch.Tensor | None = None,  # unused: the piece hands back the static output
+    ) -> torch.Tensor:
         if layer_id != len(self.scales):
             raise RuntimeError(f"piecewise capture: layer {layer_id} attended out of order")
         self.buffers.attention_inputs(q, k, v)
@@ -148,10 +156,13 @@ class PiecewiseForward:
         buffers.ids[:tokens].copy_(input_ids)
         buffers.positions[:tokens].copy_(positions)
         graphs, scales = self._pieces[bucket]
+        # One set of views for every layer: the backend prepares its launches at layer 0 and
+        # reuses them for the layers after it when they pass these same tensors.
         q, k, v = (t[:tokens] for t in buffers.qkv)
+        attn = buffers.attn[:tokens]
         for layer_id, scale in enumerate(scales):
             graphs[layer_id].replay()
-            buffers.attn[:tokens].copy_(ctx.attention(layer_id, q, k, v, scale))
+            ctx.attention(layer_id, q, k, v, scale, out=attn)
         graphs[-1].replay()
         ctx.captured.extend(aux[:tokens] for aux in buffers.aux)
         return buffers.hidden[:tokens]

@@ -12,6 +12,8 @@ before triton itself is first imported (tests/triton_interpreter.py). Run it dir
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from attention_cases import (
@@ -145,7 +147,7 @@ def test_a_mixed_forward_attends_its_parts_with_their_own_kernels(group: int, se
     case = scenario_case("mixed", seed, num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, page_size=16)
     meta = mixed_parts(case.meta, case.meta.batch_size - 2)  # the scenario ends with two chunks
     calls: list[tuple[str, int]] = []
-    for module, name in ((triton_backend, "decode_attention"), (triton_backend, "extend_attention")):
+    for module, name in ((triton_backend, "decode_attention_launches"), (triton_backend, "extend_attention_launches")):
         kernel = getattr(module, name)
         monkeypatch.setattr(
             module, name, lambda q, *a, _k=kernel, _n=name, **kw: (calls.append((_n, q.shape[0])), _k(q, *a, **kw))[1]
@@ -157,7 +159,7 @@ def test_a_mixed_forward_attends_its_parts_with_their_own_kernels(group: int, se
     decode_rows, chunks = meta.parts
     n = decode_rows.num_tokens
     chunk_kernel = "decode_attention" if triton_decode.split_kv_rows(chunks, group) <= MAX_ROWS else "extend_attention"
-    assert calls == [("decode_attention", n), (chunk_kernel, case.meta.num_tokens - n)]
+    assert calls == [("decode_attention_launches", n), (f"{chunk_kernel}_launches", case.meta.num_tokens - n)]
 
 
 # (extend lens, prefix lens, causal, uniform, sharing): requests whose first 32 keys lie in
@@ -204,6 +206,47 @@ def test_a_mixed_forward_reads_its_shared_prefix_once(group: int, seed: int):
         case.q, case.k, case.v, k_cache, v_cache, meta, case.scale, out=poisoned(case)
     )
     check(case, out)
+
+
+def _other_values(case, seed: int):
+    """The same forward (metadata, slots) with other queries, keys and cached values: another layer."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def like(t: torch.Tensor) -> torch.Tensor:
+        fresh = torch.randn(t.shape, generator=generator, dtype=torch.float64).to(t.dtype)
+        return torch.where(t.isnan(), t, fresh)  # unused cache rows stay poisoned
+
+    return dataclasses.replace(
+        case, q=like(case.q), k=like(case.k), v=like(case.v), k_cache=like(case.k_cache), v_cache=like(case.v_cache)
+    )
+
+
+@pytest.mark.parametrize("shared_len", [0, 32])
+def test_a_forward_prepares_its_launches_once_for_all_its_layers(shared_len: int, seed: int, monkeypatch):
+    """Layers that pass the same q/k/v/out buffers and metadata (the eager attention between
+    piecewise graphs) reuse the launches the first layer prepared, each with its own caches
+    and values: every layer gets its own reference's answer; new metadata prepares anew."""
+    hq, hkv = GQA[3]
+    first = make_case(
+        seed, [4, 4, 4, 30, 9], [40, 33, 48, 32, 64], num_q_heads=hq, num_kv_heads=hkv, page_size=16,
+        shared_len=shared_len,
+    )  # fmt: skip
+    layers = [first, _other_values(first, seed + 1)]
+    prepared: list[int] = []
+    prepare = triton_backend._prepare
+    monkeypatch.setattr(triton_backend, "_prepare", lambda *a: (prepared.append(1), prepare(*a))[1])
+    q, k, v = (first.q.clone(), first.k.contiguous(), first.v.contiguous())
+    out = poisoned(first)
+    backend = triton_backend.TritonAttentionBackend()
+    for meta in (mixed_parts(first.meta, 3), mixed_parts(first.meta, 3)):
+        for layer in layers:
+            for buffer, value in ((q, layer.q), (k, layer.k), (v, layer.v)):
+                buffer.copy_(value)
+            k_cache, v_cache = layer.clone_caches()
+            out.fill_(float("nan"))
+            backend.forward(q, k, v, k_cache, v_cache, meta, layer.scale, out=out)
+            check(dataclasses.replace(layer, meta=meta), out)
+    assert len(prepared) == 2  # once per metadata object
 
 
 def test_empty_request_rows_are_zero(seed: int):

@@ -42,10 +42,10 @@ class DenseKVCache:
 class DenseTestBackend:
     """Causal attention per request in float32 with GQA by repeating K/V heads."""
 
-    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=None) -> torch.Tensor:
         k_cache[meta.out_slots] = k.to(k_cache.dtype)  # slot -1 lands in the sink row
         v_cache[meta.out_slots] = v.to(v_cache.dtype)
-        out = torch.empty_like(q)
+        out = torch.empty_like(q) if out is None else out
         group = q.shape[1] // k_cache.shape[1]
         for b in range(meta.batch_size):
             row, seq_len = int(meta.req_rows[b]), int(meta.seq_lens[b])

@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.attention_metadata import AttentionMetadata
+from engine.kernels.triton.launch import CacheLaunch
 from engine.kernels.triton.online_softmax import attend_keys, fold_partials, normalize
 
 LOG2E = math.log2(math.e)
@@ -219,26 +220,41 @@ def decode_attention(
 ) -> torch.Tensor:
     """Split-KV attention for forwards with `split_kv_rows(meta, G) <= MAX_ROWS` (every key;
     `meta.shared` is for own_keys_attention)."""
+    for launch in decode_attention_launches(q, k_cache.shape[1], meta, scale, out, num_splits, block_n):
+        launch(k_cache, v_cache)
+    return out
+
+
+def decode_attention_launches(
+    q: torch.Tensor,  # [T, Hq, D], last dim contiguous
+    num_kv_heads: int,
+    meta: AttentionMetadata,
+    scale: float,
+    out: torch.Tensor,  # [T, Hq, D]
+    num_splits: int | None = None,  # None: num_kv_splits(...)
+    block_n: int | None = None,
+) -> list[CacheLaunch]:
+    """decode_attention's launches, prepared once for every layer of a forward."""
     num_tokens, num_q_heads, head_dim = q.shape
     if num_tokens == 0 or meta.batch_size == 0:
-        return out
+        return []
     if num_splits is None:
-        num_splits = num_kv_splits(meta.batch_size, k_cache.shape[1], meta.max_seq_len, q.device)
+        num_splits = num_kv_splits(meta.batch_size, num_kv_heads, meta.max_seq_len, q.device)
     if num_splits == 1:
         unused = q.new_empty(1, dtype=torch.float32)
-        _launch(q, k_cache, v_cache, meta, scale, out, (unused, unused), 1, 0, block_n, NUM_STAGES, shared=False)
-        return out
+        return [_split_kv_launch(q, num_kv_heads, meta, scale, out, (unused, unused), 1, 0, block_n, NUM_STAGES, False)]
     partial_o = torch.empty(num_tokens, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     partial_lse = torch.empty(num_tokens, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
     partials = (partial_o, partial_lse)
-    _launch(q, k_cache, v_cache, meta, scale, out, partials, num_splits, 0, block_n, NUM_STAGES, shared=False)
-    return merge_splits(partial_o, partial_lse, out)
+    return [
+        _split_kv_launch(q, num_kv_heads, meta, scale, out, partials, num_splits, 0, block_n, NUM_STAGES, False),
+        _merge_launch(partial_o, partial_lse, out),
+    ]
 
 
-def own_keys_attention(
+def own_keys_launches(
     q: torch.Tensor,  # [T, Hq, D], last dim contiguous
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    num_kv_heads: int,
     meta: AttentionMetadata,  # with `shared`: each request's keys from shared.lens[b] on
     scale: float,
     out: torch.Tensor,  # [T, Hq, D]
@@ -248,26 +264,30 @@ def own_keys_attention(
     num_splits: int,
     block_n: int | None = None,
     num_stages: int = NUM_STAGES,
-) -> None:
+) -> list[CacheLaunch]:
     """`out` over every key, given the shared keys' partials: one split folds them in and
     writes `out`; several write their own partials after them, then one merge."""
     if q.shape[0] == 0 or meta.batch_size == 0:
-        return
+        return []
     assert meta.shared is not None, "own keys follow shared ones: use decode_attention"
     if num_splits == 1:
         partials = (partial_o, partial_lse)
-        _launch(q, k_cache, v_cache, meta, scale, out, partials, 1, num_shared_splits, block_n, num_stages, shared=True)
-        return
+        return [
+            _split_kv_launch(
+                q, num_kv_heads, meta, scale, out, partials, 1, num_shared_splits, block_n, num_stages, True
+            )
+        ]
     own = (partial_o[:, :, num_shared_splits:], partial_lse[:, :, num_shared_splits:])
-    _launch(q, k_cache, v_cache, meta, scale, out, own, num_splits, 0, block_n, num_stages, shared=True)
     total = num_shared_splits + num_splits
-    merge_splits(partial_o[:, :, :total], partial_lse[:, :, :total], out)
+    return [
+        _split_kv_launch(q, num_kv_heads, meta, scale, out, own, num_splits, 0, block_n, num_stages, True),
+        _merge_launch(partial_o[:, :, :total], partial_lse[:, :, :total], out),
+    ]
 
 
-def _launch(
+def _split_kv_launch(
     q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    num_kv_heads: int,
     meta: AttentionMetadata,
     scale: float,
     out: torch.Tensor,  # written when num_splits == 1
@@ -277,83 +297,62 @@ def _launch(
     block_n: int | None,
     num_stages: int,
     shared: bool,
-) -> None:
+) -> CacheLaunch:
     num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[1]
     group = num_q_heads // num_kv_heads
     rows = split_kv_rows(meta, group)
     if rows > MAX_ROWS:
         raise ValueError(f"decode_attention holds at most {MAX_ROWS} query rows per program, got {rows}")
     if block_n is None:
         block_n = 64 if head_dim <= 128 else 32
-    direct = num_splits == 1
     partial_o, partial_lse = partials
     stride_pt, stride_ph, stride_ps = partial_lse.stride() if partial_lse.dim() == 3 else (0, 0, 0)
     shared_lens = meta.shared.lens if shared and meta.shared is not None else meta.seq_lens  # unread unless shared
-    precision = "ieee" if q.dtype == torch.float32 else None  # None: the target default (tf32 is not on ROCm)
-    _split_kv_kernel[(meta.batch_size, num_kv_heads, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        meta.req_to_token,
-        meta.req_rows,
-        meta.seq_lens,
-        meta.extend_lens,
-        meta.q_start,
-        shared_lens,
-        out,
-        partial_o,
-        partial_lse,
-        scale * LOG2E,
-        num_splits,
-        fold_splits,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        meta.req_to_token.stride(0),
-        out.stride(0),
-        out.stride(1),
-        stride_pt,
-        stride_ph,
-        stride_ps,
-        GROUP=group,
-        HEAD_DIM=head_dim,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),  # tl.dot needs K >= 16
-        BLOCK_R=max(16, triton.next_power_of_2(rows)),
-        BLOCK_N=block_n,
-        CAUSAL=meta.causal,
-        DIRECT_OUT=direct,
-        HAS_SHARED=shared,
-        INPUT_PRECISION=precision,
-        num_warps=4,
-        num_stages=num_stages,
-    )
+    kernel = _split_kv_kernel[(meta.batch_size, num_kv_heads, num_splits)]
+    leading = (meta.req_to_token, meta.req_rows, meta.seq_lens, meta.extend_lens, meta.q_start, shared_lens, out)
+    partial_args = (partial_o, partial_lse, scale * LOG2E, num_splits, fold_splits, q.stride(0), q.stride(1))
+    trailing = (meta.req_to_token.stride(0), out.stride(0), out.stride(1), stride_pt, stride_ph, stride_ps)
+    constants = {
+        "GROUP": group,
+        "HEAD_DIM": head_dim,
+        "BLOCK_D": max(16, triton.next_power_of_2(head_dim)),  # tl.dot needs K >= 16
+        "BLOCK_R": max(16, triton.next_power_of_2(rows)),
+        "BLOCK_N": block_n,
+        "CAUSAL": meta.causal,
+        "DIRECT_OUT": num_splits == 1,
+        "HAS_SHARED": shared,
+        "INPUT_PRECISION": "ieee" if q.dtype == torch.float32 else None,  # None: the target default (no tf32 on ROCm)
+        "num_warps": 4,
+        "num_stages": num_stages,
+    }
+
+    def launch(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        kernel(
+            q, k_cache, v_cache, *leading, *partial_args, k_cache.stride(0), k_cache.stride(1),
+            v_cache.stride(0), v_cache.stride(1), *trailing, **constants,
+        )  # fmt: skip
+
+    return launch
 
 
-def merge_splits(
+def _merge_launch(
     partial_o: torch.Tensor,  # [T, Hq, S, D] fp32, contiguous
     partial_lse: torch.Tensor,  # [T, Hq, S] fp32, contiguous; -inf for an empty split
     out: torch.Tensor,  # [T, Hq, D]
-) -> torch.Tensor:
-    """out[t, h] = the splits' outputs weighted by their share of the softmax sum."""
+) -> CacheLaunch:
+    """out[t, h] = the splits' outputs weighted by their share of the softmax sum (a launch
+    that reads no cache)."""
     num_tokens, num_q_heads, num_splits, head_dim = partial_o.shape
-    stride_pt, stride_ph, stride_ps = partial_lse.stride()
-    _merge_splits_kernel[(num_tokens, num_q_heads)](
-        partial_o,
-        partial_lse,
-        out,
-        num_splits,
-        stride_pt,
-        stride_ph,
-        stride_ps,
-        out.stride(0),
-        out.stride(1),
-        HEAD_DIM=head_dim,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_S=triton.next_power_of_2(num_splits),
-        num_warps=4,
-    )
-    return out
+    kernel = _merge_splits_kernel[(num_tokens, num_q_heads)]
+    args = (partial_o, partial_lse, out, num_splits, *partial_lse.stride(), out.stride(0), out.stride(1))
+    constants = {
+        "HEAD_DIM": head_dim,
+        "BLOCK_D": max(16, triton.next_power_of_2(head_dim)),
+        "BLOCK_S": triton.next_power_of_2(num_splits),
+        "num_warps": 4,
+    }
+
+    def launch(_k_cache: torch.Tensor, _v_cache: torch.Tensor) -> None:
+        kernel(*args, **constants)
+
+    return launch

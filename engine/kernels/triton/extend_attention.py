@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.attention_metadata import AttentionMetadata
+from engine.kernels.triton.launch import CacheLaunch
 from engine.kernels.triton.online_softmax import attend_keys, fold_partials, normalize
 
 LOG2E = math.log2(math.e)
@@ -157,18 +158,32 @@ def extend_attention(
     """Ragged prefill/extend attention, causal or not (K/V already stored in the cache).
     `shared_partials` (with `meta.shared`): the shared keys' partial results `([T, Hq, S, D],
     [T, Hq, S])` fp32; each row then walks only its request's own keys and folds them in."""
+    for launch in extend_attention_launches(q, k_cache.shape[1], meta, scale, out, block_m, block_n, shared_partials):
+        launch(k_cache, v_cache)
+    return out
+
+
+def extend_attention_launches(
+    q: torch.Tensor,  # [T, Hq, D], last dim contiguous
+    num_kv_heads: int,
+    meta: AttentionMetadata,
+    scale: float,
+    out: torch.Tensor,  # [T, Hq, D]
+    block_m: int | None = None,
+    block_n: int | None = None,
+    shared_partials: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> list[CacheLaunch]:
+    """extend_attention's launch (none for an empty forward), prepared once for every layer."""
     num_tokens, num_q_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[1]
     group = num_q_heads // num_kv_heads
     batch = meta.batch_size
     rows_per_req = meta.uniform_extend if meta.uniform_extend is not None else meta.max_extend_len
     if num_tokens == 0 or batch == 0 or rows_per_req == 0:
-        return out
+        return []
     rows = rows_per_req * group
     default_m, default_n, warps = _default_blocks(head_dim, rows, q.device)
     block_m = block_m or default_m
     block_n = block_n or default_n
-    precision = "ieee" if q.dtype == torch.float32 else None  # None: the target default (tf32 is not on ROCm)
     shared = shared_partials is not None
     if shared_partials is not None:
         assert meta.shared is not None, "shared partials come with the shared keys"
@@ -179,42 +194,27 @@ def extend_attention(
     else:
         partial_o = partial_lse = shared_lens = meta.seq_lens  # unread
         fold_splits = stride_pt = stride_ph = stride_ps = 0
-    _extend_kernel[(batch, num_kv_heads, triton.cdiv(rows, block_m))](
-        q,
-        k_cache,
-        v_cache,
-        meta.req_to_token,
-        meta.req_rows,
-        meta.seq_lens,
-        meta.extend_lens,
-        meta.q_start,
-        shared_lens,
-        out,
-        partial_o,
-        partial_lse,
-        fold_splits,
-        scale * LOG2E,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        meta.req_to_token.stride(0),
-        out.stride(0),
-        out.stride(1),
-        stride_pt,
-        stride_ph,
-        stride_ps,
-        GROUP=group,
-        HEAD_DIM=head_dim,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),  # tl.dot needs K >= 16
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        CAUSAL=meta.causal,
-        SHARED=shared,
-        INPUT_PRECISION=precision,
-        num_warps=warps,
-        num_stages=2,
-    )
-    return out
+    kernel = _extend_kernel[(batch, num_kv_heads, triton.cdiv(rows, block_m))]
+    leading = (meta.req_to_token, meta.req_rows, meta.seq_lens, meta.extend_lens, meta.q_start, shared_lens, out)
+    partial_args = (partial_o, partial_lse, fold_splits, scale * LOG2E, q.stride(0), q.stride(1))
+    trailing = (meta.req_to_token.stride(0), out.stride(0), out.stride(1), stride_pt, stride_ph, stride_ps)
+    constants = {
+        "GROUP": group,
+        "HEAD_DIM": head_dim,
+        "BLOCK_D": max(16, triton.next_power_of_2(head_dim)),  # tl.dot needs K >= 16
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "CAUSAL": meta.causal,
+        "SHARED": shared,
+        "INPUT_PRECISION": "ieee" if q.dtype == torch.float32 else None,  # None: the target default (no tf32 on ROCm)
+        "num_warps": warps,
+        "num_stages": 2,
+    }
+
+    def launch(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        kernel(
+            q, k_cache, v_cache, *leading, *partial_args, k_cache.stride(0), k_cache.stride(1),
+            v_cache.stride(0), v_cache.stride(1), *trailing, **constants,
+        )  # fmt: skip
+
+    return [launch]

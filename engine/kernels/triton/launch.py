@@ -7,6 +7,9 @@ in-process (tests/kernels). Kernels that call triton.language's own jitted funct
 tl.max, tl.cdiv, ...) cannot run interpreted in a process whose triton was first imported
 without TRITON_INTERPRET, whenever they are jitted: the attention kernels are therefore
 decorated at import and tested in a child process (tests/attention/test_attention_triton.py).
+
+The attention launchers also come as `*_launches` functions that prepare a forward's launches
+once (host ints, grids, workspaces) for all its layers (`CacheLaunch`, docs/design.md §4.8).
 """
 
 from __future__ import annotations
@@ -24,7 +27,19 @@ except ImportError:  # CPU installs without the `gpu` extra run the torch refere
     triton = None
     tl = None
 
-__all__ = ["available", "check_last_dim_contiguous", "jit_on_first_use", "require_triton", "tl", "triton"]
+__all__ = [
+    "CacheLaunch",
+    "available",
+    "check_last_dim_contiguous",
+    "jit_on_first_use",
+    "require_triton",
+    "tl",
+    "triton",
+]
+
+# One kernel launch of a forward's attention, its grid and every argument but the KV cache
+# prepared once: called with each layer's (k_cache, v_cache), whose strides it reads then.
+CacheLaunch = Callable[[torch.Tensor, torch.Tensor], None]
 
 
 def available() -> bool:

@@ -14,7 +14,7 @@ slots runs in two passes:
    short windows, the extend kernel for chunks (per part of a mixed forward). A program that
    walks all of a row's own keys folds the shared partials into its softmax state
    (online_softmax.fold_partials) and writes the output; split-KV with several splits
-   writes its own partials after the shared ones and decode_attention.merge_splits
+   writes its own partials after the shared ones and the split-KV module's merge kernel
    combines them.
 
 The grid and split counts come from host bounds only (T, the longest context), so a decode
@@ -38,10 +38,11 @@ from engine.kernels.triton.decode_attention import (
     MAX_ROWS,
     num_kv_splits,
     num_sms,
-    own_keys_attention,
+    own_keys_launches,
     split_kv_rows,
 )
-from engine.kernels.triton.extend_attention import extend_attention
+from engine.kernels.triton.extend_attention import extend_attention_launches
+from engine.kernels.triton.launch import CacheLaunch
 from engine.kernels.triton.online_softmax import attend_keys, normalize
 
 LOG2E = math.log2(math.e)
@@ -173,12 +174,26 @@ def cascade_attention(
     tiles: SharedTiles | None = None,  # None: default_tiles(...)
 ) -> torch.Tensor:
     """The forward's attention with the shared keys read once per row block (see above)."""
+    for launch in cascade_launches(q, k_cache.shape[1], meta, scale, out, tiles):
+        launch(k_cache, v_cache)
+    return out
+
+
+def cascade_launches(
+    q: torch.Tensor,  # [T, Hq, D], last dim contiguous
+    num_kv_heads: int,
+    meta: AttentionMetadata,  # with `shared`; its parts (a mixed forward) carry theirs
+    scale: float,
+    out: torch.Tensor,  # [T, Hq, D]
+    tiles: SharedTiles | None = None,  # None: default_tiles(...)
+) -> list[CacheLaunch]:
+    """cascade_attention's launches and their partials' workspace, prepared once for every
+    layer of a forward: the shared pass, then each part's own pass."""
     shared = meta.shared
     assert shared is not None
     num_tokens, num_q_heads, head_dim = q.shape
     if num_tokens == 0 or meta.batch_size == 0:
-        return out
-    num_kv_heads = k_cache.shape[1]
+        return []
     group = num_q_heads // num_kv_heads
     rows = num_tokens * group
     tiles = tiles or default_tiles(head_dim, rows, q.device)
@@ -189,38 +204,28 @@ def cascade_attention(
     total = shared_splits + max(own_splits)
     partial_o = torch.empty(num_tokens, num_q_heads, total, head_dim, dtype=torch.float32, device=q.device)
     partial_lse = torch.empty(num_tokens, num_q_heads, total, dtype=torch.float32, device=q.device)
-    precision = "ieee" if q.dtype == torch.float32 else None  # None: the target default (tf32 is not on ROCm)
-    _shared_prefix_kernel[(row_blocks, num_kv_heads, shared_splits)](
-        q,
-        k_cache,
-        v_cache,
-        meta.req_to_token,
-        shared.table_row,
-        shared.length,
-        shared.lens,
-        meta.token_req,
-        partial_o,
-        partial_lse,
-        num_tokens,
-        shared_splits,
-        scale * LOG2E,
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        meta.req_to_token.stride(0),
-        *partial_lse.stride(),
-        GROUP=group,
-        HEAD_DIM=head_dim,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)),  # tl.dot needs K >= 16
-        BLOCK_M=tiles.block_m,
-        BLOCK_N=tiles.block_n,
-        INPUT_PRECISION=precision,
-        num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
-    )
+    kernel = _shared_prefix_kernel[(row_blocks, num_kv_heads, shared_splits)]
+    leading = (meta.req_to_token, shared.table_row, shared.length, shared.lens, meta.token_req, partial_o, partial_lse)
+    counts = (num_tokens, shared_splits, scale * LOG2E, q.stride(0), q.stride(1))
+    trailing = (meta.req_to_token.stride(0), *partial_lse.stride())
+    constants = {
+        "GROUP": group,
+        "HEAD_DIM": head_dim,
+        "BLOCK_D": max(16, triton.next_power_of_2(head_dim)),  # tl.dot needs K >= 16
+        "BLOCK_M": tiles.block_m,
+        "BLOCK_N": tiles.block_n,
+        "INPUT_PRECISION": "ieee" if q.dtype == torch.float32 else None,  # None: the target default (no tf32 on ROCm)
+        "num_warps": tiles.num_warps,
+        "num_stages": tiles.num_stages,
+    }
+
+    def shared_pass(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        kernel(
+            q, k_cache, v_cache, *leading, *counts, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
+            v_cache.stride(1), *trailing, **constants,
+        )  # fmt: skip
+
+    launches: list[CacheLaunch] = [shared_pass]
     first = 0
     for part, splits in zip(parts, own_splits, strict=True):
         end = first + part.num_tokens
@@ -228,11 +233,13 @@ def cascade_attention(
             q_part, out_part = q[first:end], out[first:end]
             part_o, part_lse = partial_o[first:end], partial_lse[first:end]
             if split_kv_rows(part, group) <= MAX_ROWS:
-                own_keys_attention(
-                    q_part, k_cache, v_cache, part, scale, out_part, part_o, part_lse, shared_splits, max(splits, 1)
+                launches += own_keys_launches(
+                    q_part, num_kv_heads, part, scale, out_part, part_o, part_lse, shared_splits, max(splits, 1)
                 )
             else:
                 shared_part = (part_o[:, :, :shared_splits], part_lse[:, :, :shared_splits])
-                extend_attention(q_part, k_cache, v_cache, part, scale, out_part, shared_partials=shared_part)
+                launches += extend_attention_launches(
+                    q_part, num_kv_heads, part, scale, out_part, shared_partials=shared_part
+                )
         first = end
-    return out
+    return launches

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels.triton.launch import check_last_dim_contiguous, jit_on_first_use, require_triton, tl, triton
+from engine.kernels.triton.launch import (
+    CacheLaunch,
+    check_last_dim_contiguous,
+    jit_on_first_use,
+    require_triton,
+    tl,
+    triton,
+)
 
 
 def _store_kv_kernel(
@@ -63,26 +70,36 @@ def store_kv_triton(
     out_slots: torch.Tensor,  # [T] int32/int64, -1 = skip (not written)
 ) -> None:
     """One launch, grid (T,). Graph-capturable; never reads the device."""
+    check_last_dim_contiguous("store_kv_triton", k_cache=k_cache, v_cache=v_cache)
+    for launch in store_kv_launches(k, v, out_slots):
+        launch(k_cache, v_cache)
+
+
+def store_kv_launches(
+    k: torch.Tensor,  # [T, Hkv, D], last dim contiguous
+    v: torch.Tensor,  # [T, Hkv, D]
+    out_slots: torch.Tensor,  # [T] int32/int64, -1 = skip (not written)
+) -> list[CacheLaunch]:
+    """store_kv_triton's launch (none for no tokens), prepared once for every layer whose
+    caches have a contiguous last dim."""
     require_triton("store_kv_triton")
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
-        return
-    check_last_dim_contiguous("store_kv_triton", k=k, v=v, k_cache=k_cache, v_cache=v_cache)
-    _compiled()[(num_tokens,)](
-        k,
-        v,
-        k_cache,
-        v_cache,
-        out_slots,
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        NUM_KV_HEADS=num_kv_heads,
-        HEAD_DIM=head_dim,
-        BLOCK_HD=triton.next_power_of_2(num_kv_heads * head_dim),
-    )
+        return []
+    check_last_dim_contiguous("store_kv_triton", k=k, v=v)
+    kernel = _compiled()[(num_tokens,)]
+    args = (k, v)
+    strides = (k.stride(0), k.stride(1), v.stride(0), v.stride(1))
+    constants = {
+        "NUM_KV_HEADS": num_kv_heads,
+        "HEAD_DIM": head_dim,
+        "BLOCK_HD": triton.next_power_of_2(num_kv_heads * head_dim),
+    }
+
+    def launch(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+        kernel(
+            *args, k_cache, v_cache, out_slots, *strides, k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
+            v_cache.stride(1), **constants,
+        )  # fmt: skip
+
+    return [launch]
