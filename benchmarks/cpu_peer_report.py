@@ -43,6 +43,13 @@ BARS = (
     Bar("batch 1 fp32: engine / llama.cpp f32 (decode)", ENGINE_FP32, LLAMACPP_F32, 1.0),
     Bar("batch 1 native: engine / llama.cpp on the GGUF (decode)", ENGINE_NATIVE, LLAMACPP_Q, 0.8),
     Bar("batch --batch fp32: engine / transformers (prefill incl.)", ENGINE_FP32_BATCH, TRANSFORMERS_BATCH, 3.0, False),
+    Bar(
+        "batch --batch native (the GGUF default): engine / transformers (prefill incl.)",
+        ENGINE_NATIVE_BATCH,
+        TRANSFORMERS_BATCH,
+        3.0,
+        False,
+    ),
 )
 # Greedy tokens compared: (system, reference).
 AGREEMENT_PAIRS = (
@@ -64,7 +71,7 @@ def build_parser(description: str = "") -> argparse.ArgumentParser:
     parser.add_argument(
         "--engine-dtypes",
         default="float32,bfloat16",
-        help="engine rows at batch 1 besides the native one (float32 is always run)",
+        help="engine rows besides the native one, at batch 1 and at --batch (float32 is always run)",
     )
     parser.add_argument(
         "--native-dtype", default="auto", help="the engine's dtype for the GGUF's own format (default: %(default)s)"

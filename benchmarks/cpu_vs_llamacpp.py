@@ -18,8 +18,9 @@ system gets the same prompt ids), EOS ignored so that every system generates the
 - llamacpp_gguf: llama.cpp on the GGUF file itself (Q4_1 for the embedded model);
 - llamacpp_f32: llama.cpp on its own f32 conversion of that file (benchmarks/llamacpp_runner.py
   to-f32, kept in .bench/), so both fp32 rows multiply the same dequantised weights.
-Batch `--batch`: engine_fp32_batch (and engine_native_batch) against transformers_batch on one wave
-of that many prompts, benchmarks/smollm2_offline.py's runners, stopping at EOS as it does.
+Batch `--batch`: the engine at each engine dtype (engine_fp32_batch, engine_bf16_batch) and at
+`--native-dtype` (engine_native_batch) against transformers_batch (fp32) on one wave of that many
+prompts, benchmarks/smollm2_offline.py's runners, stopping at EOS as it does.
 
 Every system runs one untimed pass first, then once per round, in an order rotated each round
 so that a slow spell of a shared machine does not land on one system. llama.cpp runs in its own
@@ -206,7 +207,12 @@ def main() -> None:
     if args.batch:
         eos = set(loaded.config.eos_token_ids) | set(loaded.tokenizer.eos_token_ids)
         wave = report.prompt_ids(loaded.tokenizer, (CHAT_PROMPTS * args.batch)[: args.batch])
-        batch_engines = {report.ENGINE_FP32_BATCH: engine_for(args.model, "float32", args.batch, loaded)}
+        batch_engines = {
+            f"{report.engine_row_name(dtype)}_batch": engine_for(
+                args.model, dtype, args.batch, loaded if dtype == "float32" else None
+            )
+            for dtype in args.engine_dtypes
+        }
         if native is not None:
             batch_engines[report.ENGINE_NATIVE_BATCH] = engine_for(args.model, args.native_dtype, args.batch)
         hf = load_hf(args.model, "cpu", torch.float32)

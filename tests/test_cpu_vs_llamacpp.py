@@ -87,6 +87,7 @@ def test_bars_use_decode_rate_at_batch_1_and_total_rate_for_the_batch() -> None:
     assert by_label[report.ENGINE_NATIVE].verdict == "not run"
     assert by_label[report.ENGINE_FP32_BATCH].ratio == pytest.approx(3.0)
     assert by_label[report.ENGINE_FP32_BATCH].verdict == "meets"
+    assert by_label[report.ENGINE_NATIVE_BATCH].verdict == "not run"
     table = report.bars_table(list(by_label.values()))
     assert "| 0.80 | 1 | below |" in table and "| - | 0.8 | not run |" in table
 
