@@ -40,6 +40,8 @@ def _unstable_tail_len(text: str) -> int:
     stripped = text.rstrip(_REPLACEMENT_CHAR)
     if len(stripped) < len(text):
         return len(text) - len(stripped)
+    if not text.endswith(_UNSTABLE_SUFFIXES):  # one C call for the common case: settled
+        return 0
     for suffix in _UNSTABLE_SUFFIXES:
         if text.endswith(suffix):
             return len(suffix)
