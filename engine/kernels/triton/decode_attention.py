@@ -219,7 +219,7 @@ def decode_attention(
     block_n: int | None = None,
 ) -> torch.Tensor:
     """Split-KV attention for forwards with `split_kv_rows(meta, G) <= MAX_ROWS` (every key;
-    `meta.shared` is for own_keys_attention)."""
+    `meta.shared` is for own_keys_launches)."""
     for launch in decode_attention_launches(q, k_cache.shape[1], meta, scale, out, num_splits, block_n):
         launch(k_cache, v_cache)
     return out
