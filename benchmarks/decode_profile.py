@@ -42,7 +42,7 @@ PROMPT_LEN = 512
 
 # Kernel classes by name fragment; the first match wins.
 KERNEL_CLASSES = (
-    ("matmul", ("gemm", "gemv", "cutlass", "nvjet", "sm90", "sm100", "cublas", "splitk", "xmma")),
+    ("matmul", ("gemm", "gemv", "cutlass", "nvjet", "sm90", "sm100", "cublas", "splitk", "xmma", "skinny_linear")),
     ("attention", ("attn", "attention", "decode_kernel", "split_kv", "flash")),
     ("fused element-wise", ("rms", "norm", "rope", "silu", "swiglu", "add", "store_kv", "kv_inject")),
     ("sampling", ("sample", "argmax", "gumbel", "softmax", "topk", "penalt")),

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.kernels.triton import activation, launch, norm, rope, store_kv
+from engine.kernels.triton import activation, launch, norm, rope, skinny_linear, store_kv
 
 sys.path.insert(0, str(Path(__file__).parent))  # kernel_cases, for any import mode
-KERNEL_MODULES = (activation, norm, rope, store_kv)  # the Triton modules jitted on first use
+KERNEL_MODULES = (activation, norm, rope, skinny_linear, store_kv)  # the Triton modules jitted on first use
 
 
 @pytest.fixture(autouse=True)

@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+
+from engine.kernels.activation import silu_and_mul_torch
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -36,3 +39,18 @@ def assert_rounded_like(got: torch.Tensor, expected: torch.Tensor, scale: float 
         torch.testing.assert_close(got, expected, **close(got.dtype, scale))
     else:
         assert got.dtype == expected.dtype and torch.equal(got, expected), (got - expected).abs().max()
+
+
+def linear_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, gated: bool) -> torch.Tensor:
+    """x W^T + b in fp32, rounded to x's dtype once (gated: then SwiGLU, rounding as it does)."""
+    y = F.linear(x.float(), w.float(), None if bias is None else bias.float()).to(x.dtype)
+    return silu_and_mul_torch(y) if gated else y
+
+
+def linear_tolerance(dtype: torch.dtype, k: int) -> dict[str, float]:
+    """Both sides sum K products in fp32 in different orders and round once to the dtype (the
+    gated form rounds twice more, as the reference does): about an ulp of the dtype, more in
+    the interpreter's truncating bf16 conversion."""
+    eps = torch.finfo(dtype).eps
+    scale = 4 if truncates_bf16(dtype) else 2
+    return {"rtol": scale * eps, "atol": scale * eps + (1e-5 if dtype == torch.float32 else 0.0) * k**0.5}
