@@ -1,8 +1,11 @@
-"""The skinny linear kernel: its small-shape cases (skinny_linear_cases.py) interpreted on CPU
-in a child process, or compiled on a GPU; and on a GPU the model shapes inside a CUDA graph."""
+"""The skinny linear kernel: its small-shape cases (skinny_linear_cases.py) in a child pytest,
+interpreted on CPU or compiled on a GPU; and on a GPU the model shapes inside a CUDA graph."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,16 +13,23 @@ import torch
 from kernel_cases import linear_reference, linear_tolerance, randn
 
 from engine.kernels.triton.skinny_linear import skinny_linear_triton
-from tests.triton_interpreter import run_interpreted
+from tests.triton_interpreter import REPO, run_interpreted
 
 CASES = Path(__file__).with_name("skinny_linear_cases.py")
 
 
-@pytest.mark.skipif(
-    torch.cuda.is_available(), reason="on a GPU the cases run compiled (pytest " + str(CASES.name) + ")"
-)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the cases run compiled (the test below)")
 def test_small_shapes_in_the_interpreter() -> None:
     run_interpreted(CASES)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
+def test_small_shapes_compiled() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, "-m", "pytest", str(CASES), "-q", "-p", "no:cacheprovider", "--tb=short"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout[-8000:] + proc.stderr[-2000:]
 
 
 @pytest.mark.gpu
