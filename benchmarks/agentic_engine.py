@@ -1,11 +1,11 @@
 """Agentic serving load on the offline engine: mixed against alternating scheduling in one run.
 
-    python benchmarks/agentic_engine.py [--device cpu|cuda] [--model smollm2-135m|PATH|random-llama3-8b]
+    python benchmarks/agentic_engine.py [--device cpu|cuda] [--model smollm2-135m|PATH|random-llama3-8b|random-tiny]
         [--sessions 8,16] [--shared-prefix 256] [--turns 3] [--turn-tokens 32,96]
         [--output-tokens 16,48] [--seed 0] [--scheduling both|mixed|alternating]
         [--expansion host|device|both] [--extend-graphs on|off|both] [--cascade on|off|both]
         [--profile-steps 100] [--host-profile DIR]
-        [--max-num-batched-tokens 256] [--kv-cache-bytes N] [--out results.json]
+        [--max-num-batched-tokens 256] [--kv-cache-bytes N] [--page-size N] [--out results.json]
 
 The workload (seeded, identical for both policies): `sessions` concurrent sessions share a
 system prompt of `shared-prefix` token ids; each runs `turns` turns in a closed loop. A turn
@@ -48,6 +48,10 @@ whose forward used the shared pass.
 cProfile on over the same window and writes the functions the host spent it in, by own time
 and by cumulative time, to DIR/host_<sessions>_<scheduling>.txt: where a step's host time
 goes, apart from the wait for the device (the step's one sync shows as its own line).
+On a CPU, `--host-profile` alone profiles the same window (no device profile): with
+`--model random-tiny` (a Llama of a few million random weights) and `--page-size 16` (the
+GPU's pages) the model costs next to nothing, so the profile shows the scheduler's and the
+output path's work at a GPU run's session counts.
 """
 
 from __future__ import annotations
@@ -87,6 +91,9 @@ from engine.runner.options import RunnerOptions  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 
 RANDOM_8B = "random-llama3-8b"
+# Llama-shaped, a few million weights, random: the model costs next to nothing, so a CPU run
+# at hundreds of sessions shows the host's work per step (with --host-profile)
+RANDOM_TINY = "random-tiny"
 PRINTED_KERNELS = 12  # of the JSON's top_kernels_ms, in the printed report
 
 
@@ -401,6 +408,7 @@ def build_engine(
         max_num_batched_tokens=args.max_num_batched_tokens,
         kv_cache_memory_bytes=args.kv_cache_bytes,
         scheduling=variant.scheduling,  # type: ignore[arg-type]
+        page_size=args.page_size,
     )
     options = RunnerOptions(
         host_sized_expansion=variant.expansion == "host-sized",
@@ -418,7 +426,9 @@ def _pair(text: str) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--model", default="smollm2-135m", help=f"alias, path, or {RANDOM_8B} (CUDA)")
+    parser.add_argument(
+        "--model", default="smollm2-135m", help=f"alias, path, {RANDOM_8B} (CUDA) or {RANDOM_TINY} (any device)"
+    )
     parser.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on a GPU")
     parser.add_argument("--sessions", default="8,16", help="concurrency levels, comma-separated")
     parser.add_argument("--shared-prefix", type=int, default=256)
@@ -432,11 +442,17 @@ def main() -> None:
         "--extend-graphs", choices=["on", "off", "both"], default="on", help="piecewise graphs of prefill/mixed steps"
     )
     parser.add_argument("--cascade", choices=["on", "off", "both"], default="on", help="shared prefixes read once")
-    parser.add_argument("--profile-steps", type=int, default=100, help="steady steps profiled on a GPU; 0: none")
+    parser.add_argument(
+        "--profile-steps",
+        type=int,
+        default=100,
+        help="steady steps profiled (on a GPU; on a CPU with --host-profile only); 0: none",
+    )
     parser.add_argument("--host-profile", type=Path, default=None, help="folder for cProfile of the steady steps")
     parser.add_argument("--max-num-batched-tokens", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--kv-cache-bytes", type=int, default=1 << 30)
+    parser.add_argument("--page-size", type=int, default=0, help="KV page size; 0: the device's default")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
@@ -449,9 +465,10 @@ def main() -> None:
     if not args.device.startswith("cuda"):
         graph_choices = [False]  # graphs are captured on a GPU only
         cascade_choices = [False]  # the shared pass is the Triton backend's
-    profile_steps = args.profile_steps if args.device.startswith("cuda") else 0
+    on_gpu = args.device.startswith("cuda")
+    profile_steps = args.profile_steps if on_gpu or args.host_profile is not None else 0
     rates: dict[str, float] = {}
-    if profile_steps:
+    if profile_steps and on_gpu:
         from benchmarks.engine_gpu import ceilings
 
         rates = ceilings()
@@ -462,7 +479,7 @@ def main() -> None:
             variant = Variant(*choice)
             result, timed = _fresh_run(loaded, args, load, variant, profile_steps, profile=False)
             profiled = None
-            if timed is not None:  # the same steps again, under the profiler
+            if timed is not None and on_gpu:  # the same steps again, under the device profiler
                 _, profiled = _fresh_run(loaded, args, load, variant, profile_steps, profile=True)
             if timed is not None and args.host_profile is not None:
                 host_profile = cProfile.Profile()
@@ -561,16 +578,23 @@ def _line(result: PolicyResult) -> str:
 
 
 def _load(model: str, dtype: torch.dtype, device: str) -> LoadedModel:
-    """A model by alias or path, or RANDOM_8B: engine_gpu's Llama-3-8B-shaped model with random
-    weights and a word tokenizer, built on the GPU (speed does not depend on weight values)."""
-    if model != RANDOM_8B:
+    """A model by alias or path, or a random one with a word tokenizer (speed does not depend
+    on weight values): RANDOM_8B, engine_gpu's Llama-3-8B shape, built on the GPU; RANDOM_TINY,
+    that shape shrunk to a few million weights, on any device."""
+    if model not in (RANDOM_8B, RANDOM_TINY):
         return load_model(model, dtype=dtype, device=device, progress=False)
-    if device != "cuda":
-        raise SystemExit(f"--model {RANDOM_8B} is built on the GPU: pass --device cuda")
     from benchmarks.engine_gpu import LLAMA3_8B, random_model, word_tokenizer
 
-    source = ModelSource(name=RANDOM_8B, kind="hf", path=Path("."))
-    return LoadedModel(random_model(LLAMA3_8B, dtype), LLAMA3_8B, word_tokenizer(LLAMA3_8B.vocab_size), source)
+    if model == RANDOM_8B and device != "cuda":
+        raise SystemExit(f"--model {RANDOM_8B} is built on the GPU: pass --device cuda")
+    config = LLAMA3_8B
+    if model == RANDOM_TINY:
+        config = dataclasses.replace(
+            LLAMA3_8B, vocab_size=32768, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+            num_kv_heads=2, head_dim=16,
+        )  # fmt: skip
+    source = ModelSource(name=model, kind="hf", path=Path("."))
+    return LoadedModel(random_model(config, dtype, device), config, word_tokenizer(config.vocab_size), source)
 
 
 if __name__ == "__main__":

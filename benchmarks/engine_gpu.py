@@ -81,9 +81,9 @@ def word_tokenizer(vocab_size: int) -> Tokenizer:
     return Tokenizer(PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", eos_token="t2"))
 
 
-def random_model(config: ModelConfig, dtype: torch.dtype) -> torch.nn.Module:
-    model = build_model(config, dtype, "cuda")
-    gen = torch.Generator(device="cuda").manual_seed(0)
+def random_model(config: ModelConfig, dtype: torch.dtype, device: str = "cuda") -> torch.nn.Module:
+    model = build_model(config, dtype, device)
+    gen = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
         for param in model.parameters():
             if param.dim() > 1:
