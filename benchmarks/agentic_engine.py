@@ -88,7 +88,9 @@ from engine.loader.load import LoadedModel, load_model  # noqa: E402
 from engine.loader.resolve import ModelSource  # noqa: E402
 from engine.request import RequestStatus  # noqa: E402
 from engine.runner.options import RunnerOptions  # noqa: E402
+from engine.runner.step_output import PendingStep  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
+from engine.scheduler import ScheduledStep  # noqa: E402
 
 RANDOM_8B = "random-llama3-8b"
 # Llama-shaped, a few million weights, random: the model costs next to nothing, so a CPU run
@@ -148,6 +150,7 @@ class PolicyResult:
     prefill_tokens_computed: int
     prefix_cache_hits: int
     host_ms_per_step: float
+    launch_ms_per_step: float  # of host_ms_per_step, in launching steps (on a CPU: their compute too)
     decode_rows_per_step: float
     prefill_tokens_per_step: float
     expansion: str = "host-sized"
@@ -226,8 +229,23 @@ class ContextSample:
         )
 
 
+class LaunchTimedEngine(EngineCore):
+    """The engine, timing its launches: a step's host time is its launch (on a GPU the host's
+    cost of launching the forward; on a CPU the forward itself) and the rest, the host's
+    bookkeeping (scheduling, the output path, releasing finished requests)."""
+
+    launch_s = 0.0
+
+    def _launch(self, step: ScheduledStep) -> PendingStep:
+        start = time.perf_counter()
+        try:
+            return super()._launch(step)
+        finally:
+            self.launch_s += time.perf_counter() - start
+
+
 def run_policy(
-    engine: EngineCore,
+    engine: LaunchTimedEngine,
     load: Workload,
     scheduling: str,
     expansion: str = "host-sized",
@@ -252,6 +270,7 @@ def run_policy(
         engine.add_request(request_id, list(session.history), params)
 
     before = engine.stats()
+    launch_before = engine.launch_s
     shared_before = engine.runner.shared_prefix_steps
     ttft: list[float] = []
     cold_ttft: list[float] = []
@@ -331,6 +350,7 @@ def run_policy(
         prefill_tokens_computed=prefill_tokens,
         prefix_cache_hits=after.prefix_cache_hits_total - before.prefix_cache_hits_total,
         host_ms_per_step=1e3 * step_s / max(steps, 1),
+        launch_ms_per_step=1e3 * (engine.launch_s - launch_before) / max(steps, 1),
         decode_rows_per_step=(output_tokens - requests_done) / max(steps, 1),
         prefill_tokens_per_step=prefill_tokens / max(steps, 1),
         expansion=expansion,
@@ -399,7 +419,7 @@ def build_engine(
     args: argparse.Namespace,
     variant: Variant,
     max_num_seqs: int,
-) -> EngineCore:
+) -> LaunchTimedEngine:
     config = EngineConfig(
         model=str(loaded.source.name),
         device=args.device,
@@ -415,7 +435,7 @@ def build_engine(
         piecewise_extend_graphs=variant.extend_graphs,
         cascade_attention=variant.cascade,
     )
-    return EngineCore(config, parts=build_engine_parts(config, loaded=loaded, runner_options=options))
+    return LaunchTimedEngine(config, parts=build_engine_parts(config, loaded=loaded, runner_options=options))
 
 
 def _pair(text: str) -> tuple[int, int]:
@@ -548,7 +568,9 @@ def _line(result: PolicyResult) -> str:
         f"TTFT mean/p50/p90 {result.ttft_mean_ms:6.0f}/{result.ttft_p50_ms:6.0f}/{result.ttft_p90_ms:6.0f} ms  "
         f"TPOT mean/p99 {result.tpot_mean_ms:5.1f}/{result.tpot_p99_ms:5.1f} ms  "
         f"steps {result.steps} (mixed {result.mixed_steps})  prefill computed {result.prefill_tokens_computed}  "
-        f"host {result.host_ms_per_step:.1f} ms/step  shared pass in {result.shared_prefix_steps} steps"
+        f"host {result.host_ms_per_step:.1f} ms/step (launch {result.launch_ms_per_step:.1f}, "
+        f"bookkeeping {result.host_ms_per_step - result.launch_ms_per_step:.1f})  "
+        f"shared pass in {result.shared_prefix_steps} steps"
     )
     line += f"  mix {result.decode_rows_per_step:.0f} decode rows"
     line += f" + {result.prefill_tokens_per_step:.0f} prefill tokens/step"
