@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from engine.distributed.parallel import all_gather, all_reduce, divide, tp_rank, tp_size
-from engine.kernels.cpu.linear import embedding, linear, linear_swiglu
+from engine.kernels.cpu.linear import embedding
+from engine.kernels.linear import RowNorm, apply_row_norm, linear, linear_swiglu, norm_linear
 
 
 def _check_shape(name: str, full: torch.Tensor, expected: tuple[int, ...]) -> None:
@@ -41,6 +42,7 @@ class ColumnParallelLinear(nn.Module):
     last dim unless `gather_output`."""
 
     packable_weight = True  # engine.kernels.cpu.linear may swap in a packed CPU weight
+    packs_gated = False  # the weight is [gate | up] with SwiGLU after it
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False, gather_output: bool = False):
         super().__init__()
@@ -60,6 +62,14 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = linear(x, self.weight, self.bias)
         return all_gather(y, dim=-1) if self.gather_output else y
+
+    def normed(self, x: torch.Tensor, norm: RowNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(rms_norm(x + residual)), x + residual): the pre-norm layer's RMSNorm and this
+        projection, in one kernel where one takes both (engine.kernels.linear.norm_linear)."""
+        if self.gather_output:
+            normed, stream = apply_row_norm(x, norm)
+            return self(normed), stream
+        return norm_linear(x, norm, self.weight, self.bias, gated=self.packs_gated)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):

@@ -10,6 +10,7 @@ from torch import nn
 
 from engine.config import RopeScaling
 from engine.kernels import add_rms_norm, rms_norm
+from engine.kernels.linear import RowNorm
 from engine.kernels.rope import RotaryAngles
 
 
@@ -30,6 +31,11 @@ class RMSNorm(nn.Module):
         """x, residual [T, dim] -> (norm(x + residual), x + residual): the residual add that
         precedes the norm in a decoder layer, fused with it on GPU."""
         return add_rms_norm(x, residual, self.weight, self.eps)
+
+    def row_norm(self, residual: torch.Tensor | None) -> RowNorm:
+        """This norm for the projection after it to apply to its input (plus `residual`, the
+        stream before that input joins it; None at a model's first layer)."""
+        return RowNorm(self.weight, self.eps, residual)
 
 
 def rope_inv_freq(

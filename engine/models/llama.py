@@ -23,6 +23,7 @@ from engine.distributed.layers import (
     VocabParallelEmbedding,
     default_weight_loader,
 )
+from engine.kernels.linear import RowNorm
 from engine.kernels.rope import RotaryAngles
 from engine.models.context import LayerContext
 from engine.models.layers import RMSNorm
@@ -49,8 +50,12 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.scale = config.head_dim**-0.5
 
-    def forward(self, rope: RotaryAngles, hidden: torch.Tensor, ctx: LayerContext) -> torch.Tensor:
-        qkv = self.qkv_proj(hidden)  # [T, (Hq + 2 Hkv) * D] (this rank's heads)
+    def forward(
+        self, rope: RotaryAngles, hidden: torch.Tensor, norm: RowNorm, ctx: LayerContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (the attention's output [T, H], the residual stream)
+        """Attention over `norm` applied to `hidden` (the layer's input norm, with the residual add
+        before it, runs in the qkv projection's launch where a kernel takes both)."""
+        qkv, residual = self.qkv_proj.normed(hidden, norm)  # [T, (Hq + 2 Hkv) * D] (this rank's heads)
         q_size, kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
         # Strided views of qkv (row stride (Hq + 2 Hkv) * D): RoPE and the KV stores read them as is.
@@ -61,7 +66,7 @@ class LlamaAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rope(q, k)
         out = ctx.attention(self.layer_id, q, k, v, self.scale)  # [T, Hq, D]
-        return self.o_proj(out.flatten(1))
+        return self.o_proj(out.flatten(1)), residual
 
 
 class LlamaMLP(nn.Module):
@@ -70,15 +75,18 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = SwiGLUParallelLinear(config.hidden_size, config.intermediate_size)
         self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj(x))
+    def forward(self, x: torch.Tensor, norm: RowNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the MLP over `norm` applied to x, the residual stream), as LlamaAttention's."""
+        gated, residual = self.gate_up_proj.normed(x, norm)
+        return self.down_proj(gated), residual
 
 
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block, with the residual stream carried beside the branch output (vLLM's
     layout) so that each residual add fuses into the norm after it: the layer takes the
     previous layer's MLP output `hidden` and the stream `residual` before it was added, and
-    returns the same pair. The stream after the layer is `hidden + residual`."""
+    returns the same pair. The stream after the layer is `hidden + residual`. Each norm is
+    handed to the projection after it as a `RowNorm`, so that one kernel can do both."""
 
     def __init__(self, config: ModelConfig, layer_id: int):
         super().__init__()
@@ -94,13 +102,8 @@ class LlamaDecoderLayer(nn.Module):
         residual: torch.Tensor | None,  # [T, H]: the stream before `hidden` joins it; None at layer 0
         ctx: LayerContext,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (this layer's MLP output, the stream before it)
-        if residual is None:
-            hidden, residual = self.input_layernorm(hidden), hidden
-        else:
-            hidden, residual = self.input_layernorm.add_and_norm(hidden, residual)
-        hidden = self.self_attn(rope, hidden, ctx)
-        hidden, residual = self.post_attention_layernorm.add_and_norm(hidden, residual)
-        return self.mlp(hidden), residual
+        hidden, residual = self.self_attn(rope, hidden, self.input_layernorm.row_norm(residual), ctx)
+        return self.mlp(hidden, self.post_attention_layernorm.row_norm(residual))
 
 
 class LlamaModel(nn.Module):

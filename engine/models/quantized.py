@@ -27,6 +27,7 @@ from engine.distributed.layers import (
 from engine.distributed.parallel import tp_size
 from engine.kernels import silu_and_mul
 from engine.kernels.cpu.quant_gemm import FORMATS, BlockTensor, embedding_q, linear_q
+from engine.kernels.linear import RowNorm, apply_row_norm
 from engine.models.llama import FUSED_PROJECTIONS
 
 
@@ -114,6 +115,11 @@ class QuantizedLinear(nn.Module):
                 linear_q(rows_in, self._blocks(fmt, rows, offset), fmt, bias, out=y.narrow(1, first, rows))
             y = y.view(*x.shape[:-1], self.output_size)
         return silu_and_mul(y) if self.swiglu else y
+
+    def normed(self, x: torch.Tensor, norm: RowNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """As ColumnParallelLinear.normed: the norm, then this projection."""
+        normed, stream = apply_row_norm(x, norm)
+        return self(normed), stream
 
     def block_format(self) -> str | None:
         """The one format of a weight whose parts all share it (its blocks then start at byte 0
