@@ -86,6 +86,7 @@ from engine.core import EngineCore  # noqa: E402
 from engine.engine_setup import build_engine_parts  # noqa: E402
 from engine.loader.load import LoadedModel, load_model  # noqa: E402
 from engine.loader.resolve import ModelSource  # noqa: E402
+from engine.outputs import RequestOutput  # noqa: E402
 from engine.request import RequestStatus  # noqa: E402
 from engine.runner.options import RunnerOptions  # noqa: E402
 from engine.runner.step_output import PendingStep  # noqa: E402
@@ -151,6 +152,7 @@ class PolicyResult:
     prefix_cache_hits: int
     host_ms_per_step: float
     launch_ms_per_step: float  # of host_ms_per_step, in launching steps (on a CPU: their compute too)
+    wait_ms_per_step: float  # of host_ms_per_step, blocked on the previous step's outputs (the device)
     decode_rows_per_step: float
     prefill_tokens_per_step: float
     expansion: str = "host-sized"
@@ -230,11 +232,13 @@ class ContextSample:
 
 
 class LaunchTimedEngine(EngineCore):
-    """The engine, timing its launches: a step's host time is its launch (on a GPU the host's
-    cost of launching the forward; on a CPU the forward itself) and the rest, the host's
-    bookkeeping (scheduling, the output path, releasing finished requests)."""
+    """The engine, timing the parts of a step's host time: its launch (on a GPU the host's cost
+    of launching the forward; on a CPU the forward itself), its wait for the previous step's
+    outputs (on a GPU the device running ahead of the host; on a CPU nothing), and the rest,
+    the host's bookkeeping (scheduling, the output path, releasing finished requests)."""
 
     launch_s = 0.0
+    wait_s = 0.0
 
     def _launch(self, step: ScheduledStep) -> PendingStep:
         start = time.perf_counter()
@@ -242,6 +246,12 @@ class LaunchTimedEngine(EngineCore):
             return super()._launch(step)
         finally:
             self.launch_s += time.perf_counter() - start
+
+    def _finish_step(self, step: ScheduledStep, pending: PendingStep) -> list[RequestOutput]:
+        start = time.perf_counter()
+        pending.wait()  # the step's one blocking wait, timed apart: the wait inside returns at once
+        self.wait_s += time.perf_counter() - start
+        return super()._finish_step(step, pending)
 
 
 def run_policy(
@@ -270,7 +280,7 @@ def run_policy(
         engine.add_request(request_id, list(session.history), params)
 
     before = engine.stats()
-    launch_before = engine.launch_s
+    launch_before, wait_before = engine.launch_s, engine.wait_s
     shared_before = engine.runner.shared_prefix_steps
     ttft: list[float] = []
     cold_ttft: list[float] = []
@@ -351,6 +361,7 @@ def run_policy(
         prefix_cache_hits=after.prefix_cache_hits_total - before.prefix_cache_hits_total,
         host_ms_per_step=1e3 * step_s / max(steps, 1),
         launch_ms_per_step=1e3 * (engine.launch_s - launch_before) / max(steps, 1),
+        wait_ms_per_step=1e3 * (engine.wait_s - wait_before) / max(steps, 1),
         decode_rows_per_step=(output_tokens - requests_done) / max(steps, 1),
         prefill_tokens_per_step=prefill_tokens / max(steps, 1),
         expansion=expansion,
@@ -559,6 +570,10 @@ def _write_host_profile(profiler: cProfile.Profile, path: Path, top: int = 45) -
             pstats.Stats(profiler, stream=out).strip_dirs().sort_stats(order).print_stats(top)
 
 
+def _bookkeeping_ms(result: PolicyResult) -> float:
+    return result.host_ms_per_step - result.launch_ms_per_step - result.wait_ms_per_step
+
+
 def _line(result: PolicyResult) -> str:
     line = (
         f"sessions={result.sessions:4d} {result.scheduling:11s} {result.expansion:12s} "
@@ -569,7 +584,7 @@ def _line(result: PolicyResult) -> str:
         f"TPOT mean/p99 {result.tpot_mean_ms:5.1f}/{result.tpot_p99_ms:5.1f} ms  "
         f"steps {result.steps} (mixed {result.mixed_steps})  prefill computed {result.prefill_tokens_computed}  "
         f"host {result.host_ms_per_step:.1f} ms/step (launch {result.launch_ms_per_step:.1f}, "
-        f"bookkeeping {result.host_ms_per_step - result.launch_ms_per_step:.1f})  "
+        f"waiting on the device {result.wait_ms_per_step:.1f}, bookkeeping {_bookkeeping_ms(result):.1f})  "
         f"shared pass in {result.shared_prefix_steps} steps"
     )
     line += f"  mix {result.decode_rows_per_step:.0f} decode rows"

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.attention_metadata import AttentionMetadata
-from engine.kernels.triton.launch import CacheLaunch
+from engine.kernels.triton.launch import CacheLaunch, LayerLaunch
 from engine.kernels.triton.online_softmax import attend_keys, fold_partials, normalize
 
 LOG2E = math.log2(math.e)
@@ -308,7 +308,7 @@ def _split_kv_launch(
     partial_o, partial_lse = partials
     stride_pt, stride_ph, stride_ps = partial_lse.stride() if partial_lse.dim() == 3 else (0, 0, 0)
     shared_lens = meta.shared.lens if shared and meta.shared is not None else meta.seq_lens  # unread unless shared
-    kernel = _split_kv_kernel[(meta.batch_size, num_kv_heads, num_splits)]
+    kernel = LayerLaunch(_split_kv_kernel, (meta.batch_size, num_kv_heads, num_splits))
     leading = (meta.req_to_token, meta.req_rows, meta.seq_lens, meta.extend_lens, meta.q_start, shared_lens, out)
     partial_args = (partial_o, partial_lse, scale * LOG2E, num_splits, fold_splits, q.stride(0), q.stride(1))
     trailing = (meta.req_to_token.stride(0), out.stride(0), out.stride(1), stride_pt, stride_ph, stride_ps)
@@ -343,7 +343,7 @@ def _merge_launch(
     """out[t, h] = the splits' outputs weighted by their share of the softmax sum (a launch
     that reads no cache)."""
     num_tokens, num_q_heads, num_splits, head_dim = partial_o.shape
-    kernel = _merge_splits_kernel[(num_tokens, num_q_heads)]
+    kernel = LayerLaunch(_merge_splits_kernel, (num_tokens, num_q_heads))
     args = (partial_o, partial_lse, out, num_splits, *partial_lse.stride(), out.stride(0), out.stride(1))
     constants = {
         "HEAD_DIM": head_dim,

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.attention_metadata import AttentionMetadata
-from engine.kernels.triton.launch import CacheLaunch
+from engine.kernels.triton.launch import CacheLaunch, LayerLaunch
 from engine.kernels.triton.online_softmax import attend_keys, fold_partials, normalize
 
 LOG2E = math.log2(math.e)
@@ -194,7 +194,7 @@ def extend_attention_launches(
     else:
         partial_o = partial_lse = shared_lens = meta.seq_lens  # unread
         fold_splits = stride_pt = stride_ph = stride_ps = 0
-    kernel = _extend_kernel[(batch, num_kv_heads, triton.cdiv(rows, block_m))]
+    kernel = LayerLaunch(_extend_kernel, (batch, num_kv_heads, triton.cdiv(rows, block_m)))
     leading = (meta.req_to_token, meta.req_rows, meta.seq_lens, meta.extend_lens, meta.q_start, shared_lens, out)
     partial_args = (partial_o, partial_lse, fold_splits, scale * LOG2E, q.stride(0), q.stride(1))
     trailing = (meta.req_to_token.stride(0), out.stride(0), out.stride(1), stride_pt, stride_ph, stride_ps)

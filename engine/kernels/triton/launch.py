@@ -9,7 +9,8 @@ without TRITON_INTERPRET, whenever they are jitted: the attention kernels are th
 decorated at import and tested in a child process (tests/attention/test_attention_triton.py).
 
 The attention launchers also come as `*_launches` functions that prepare a forward's launches
-once (host ints, grids, workspaces) for all its layers (`CacheLaunch`, docs/design.md §4.8).
+once (host ints, grids, workspaces) for all its layers (`CacheLaunch`, docs/design.md §4.8);
+`LayerLaunch` then launches every layer after the first straight through the compiled kernel.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ except ImportError:  # CPU installs without the `gpu` extra run the torch refere
 
 __all__ = [
     "CacheLaunch",
+    "LayerLaunch",
     "available",
     "check_last_dim_contiguous",
     "jit_on_first_use",
@@ -36,6 +38,14 @@ __all__ = [
     "tl",
     "triton",
 ]
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("+")[0].split(".")[:2] if part.isdigit())
+
+
+# From Triton 3.3 on, a compiled kernel's launcher takes every bound argument, constexprs included.
+_LAUNCHER_TAKES_CONSTEXPRS = triton is not None and _version(triton.__version__) >= (3, 3)
 
 # One kernel launch of a forward's attention, its grid and every argument but the KV cache
 # prepared once: called with each layer's (k_cache, v_cache), whose strides it reads then.
@@ -61,6 +71,43 @@ def jit_on_first_use(kernel: Callable[..., None], **options: Any) -> Callable[[]
         return triton.jit(kernel, **options)
 
     return compiled
+
+
+class LayerLaunch:
+    """`kernel[grid]` for the launches a forward prepares once for all its layers (CacheLaunch).
+
+    The first call goes through Triton's JIT, which binds and specialises the arguments and
+    finds (or compiles) the kernel; every later call hands its argument list straight to that
+    compiled kernel's launcher, skipping the JIT's binding, key and cache lookup on each layer
+    (docs/design.md §4.8). Sound because a forward's layers differ only in their KV caches,
+    which share one dtype, shape, strides and alignment, so the first call's specialisation
+    holds for every layer. Under the interpreter (no compiled kernel) every call is the JIT's.
+    """
+
+    __slots__ = ("_jit_launch", "_grid", "_param_names", "_runner", "_trailing")
+
+    def __init__(self, kernel: Any, grid: tuple[int, ...]) -> None:  # kernel: a triton JITFunction
+        self._jit_launch = kernel[grid]
+        self._grid = (*grid, 1, 1)[:3]
+        self._param_names: tuple[str, ...] = tuple(getattr(kernel, "arg_names", ()))
+        self._runner: Callable[..., None] | None = None
+        self._trailing: tuple[Any, ...] = ()  # the parameters passed by name (constexprs), in order
+
+    @property
+    def direct(self) -> bool:
+        """Whether calls after the first go straight to the compiled kernel (compiled, not
+        interpreted, on Triton >= 3.3)."""
+        return self._runner is not None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        if self._runner is not None:
+            self._runner(*args, *self._trailing)
+            return
+        compiled = self._jit_launch(*args, **kwargs)
+        named = self._param_names[len(args) :]
+        if _LAUNCHER_TAKES_CONSTEXPRS and hasattr(compiled, "packed_metadata") and all(n in kwargs for n in named):
+            self._trailing = tuple(kwargs[name] for name in named)
+            self._runner = compiled[self._grid]
 
 
 def check_last_dim_contiguous(op: str, **tensors: torch.Tensor) -> None:

@@ -42,7 +42,7 @@ from engine.kernels.triton.decode_attention import (
     split_kv_rows,
 )
 from engine.kernels.triton.extend_attention import extend_attention_launches
-from engine.kernels.triton.launch import CacheLaunch
+from engine.kernels.triton.launch import CacheLaunch, LayerLaunch
 from engine.kernels.triton.online_softmax import attend_keys, normalize
 
 LOG2E = math.log2(math.e)
@@ -204,7 +204,7 @@ def cascade_launches(
     total = shared_splits + max(own_splits)
     partial_o = torch.empty(num_tokens, num_q_heads, total, head_dim, dtype=torch.float32, device=q.device)
     partial_lse = torch.empty(num_tokens, num_q_heads, total, dtype=torch.float32, device=q.device)
-    kernel = _shared_prefix_kernel[(row_blocks, num_kv_heads, shared_splits)]
+    kernel = LayerLaunch(_shared_prefix_kernel, (row_blocks, num_kv_heads, shared_splits))
     leading = (meta.req_to_token, shared.table_row, shared.length, shared.lens, meta.token_req, partial_o, partial_lse)
     counts = (num_tokens, shared_splits, scale * LOG2E, q.stride(0), q.stride(1))
     trailing = (meta.req_to_token.stride(0), *partial_lse.stride())

@@ -12,6 +12,7 @@ import torch
 
 from engine.kernels.triton.launch import (
     CacheLaunch,
+    LayerLaunch,
     check_last_dim_contiguous,
     jit_on_first_use,
     require_triton,
@@ -87,7 +88,7 @@ def store_kv_launches(
     if num_tokens == 0:
         return []
     check_last_dim_contiguous("store_kv_triton", k=k, v=v)
-    kernel = _compiled()[(num_tokens,)]
+    kernel = LayerLaunch(_compiled(), (num_tokens,))
     args = (k, v)
     strides = (k.stride(0), k.stride(1), v.stride(0), v.stride(1))
     constants = {
