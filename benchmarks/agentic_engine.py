@@ -76,6 +76,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.gc_pauses import GcPauses  # noqa: E402
 from benchmarks.gpu_busy import BusyShare, BusyWindow  # noqa: E402
 from benchmarks.step_floor import StepMix, projection_rate, step_floor  # noqa: E402
 from engine.config import (
@@ -92,6 +93,7 @@ from engine.runner.options import RunnerOptions  # noqa: E402
 from engine.runner.step_output import PendingStep  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.scheduler import ScheduledStep  # noqa: E402
+from services.heap import freeze_long_lived  # noqa: E402
 
 RANDOM_8B = "random-llama3-8b"
 # Llama-shaped, a few million weights, random: the model costs next to nothing, so a CPU run
@@ -159,6 +161,10 @@ class PolicyResult:
     extend_graphs: bool = True  # prefill and mixed forwards replay piecewise CUDA graphs
     cascade: bool = True  # shared prefixes attended once (RunnerOptions.cascade_attention)
     shared_prefix_steps: int = 0  # steps whose forward used the shared pass
+    gc_freeze: bool = False
+    gc_full_collections: int = 0  # the collector's generation-2 passes during the run
+    gc_full_max_ms: float = 0.0  # the longest of them: every thread stopped
+    gc_total_ms: float = 0.0  # all the collector's passes during the run
     # the cold burst: every session's first turn, submitted together
     cold_ttft_p90_ms: float = 0.0
     cold_distinct_tokens: int = 0  # the shared prefix once, plus each first turn's own tokens
@@ -184,6 +190,7 @@ class Variant:
     expansion: str  # host-sized | device-sized
     extend_graphs: bool
     cascade: bool
+    gc_freeze: bool  # the start-up heap frozen before the run, as a serving worker does (services/heap.py)
 
 
 @dataclass(frozen=True)
@@ -474,6 +481,12 @@ def main() -> None:
     )
     parser.add_argument("--cascade", choices=["on", "off", "both"], default="on", help="shared prefixes read once")
     parser.add_argument(
+        "--gc-freeze",
+        choices=["on", "off", "both"],
+        default="on",
+        help="freeze the start-up heap out of the garbage collector's passes, as a serving worker does",
+    )
+    parser.add_argument(
         "--profile-steps",
         type=int,
         default=100,
@@ -493,6 +506,7 @@ def main() -> None:
     expansions = ["host-sized", "device-sized"] if args.expansion == "both" else [f"{args.expansion}-sized"]
     graph_choices = [False, True] if args.extend_graphs == "both" else [args.extend_graphs == "on"]
     cascade_choices = [False, True] if args.cascade == "both" else [args.cascade == "on"]
+    freeze_choices = [False, True] if args.gc_freeze == "both" else [args.gc_freeze == "on"]
     if not args.device.startswith("cuda"):
         graph_choices = [False]  # graphs are captured on a GPU only
         cascade_choices = [False]  # the shared pass is the Triton backend's
@@ -506,7 +520,7 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     for sessions in (int(s) for s in args.sessions.split(",")):
         load = Workload(sessions, args.shared_prefix, args.turns, args.turn_tokens, args.output_tokens, args.seed)
-        for choice in itertools.product(policies, expansions, graph_choices, cascade_choices):
+        for choice in itertools.product(policies, expansions, graph_choices, cascade_choices, freeze_choices):
             variant = Variant(*choice)
             result, timed = _fresh_run(loaded, args, load, variant, profile_steps, profile=False)
             profiled = None
@@ -517,7 +531,10 @@ def main() -> None:
                 _fresh_run(loaded, args, load, variant, profile_steps, profile=False, host_profiler=host_profile)
                 _write_host_profile(host_profile, args.host_profile / f"host_{sessions}_{variant.scheduling}.txt")
             result = dataclasses.replace(
-                with_window(result, timed, profiled), extend_graphs=variant.extend_graphs, cascade=variant.cascade
+                with_window(result, timed, profiled),
+                extend_graphs=variant.extend_graphs,
+                cascade=variant.cascade,
+                gc_freeze=variant.gc_freeze,
             )
             result = with_floor(result, profiled, load, loaded.config, rates)
             results.append(asdict(result))
@@ -551,10 +568,19 @@ def _fresh_run(
     warm = Workload(min(4, load.sessions), load.shared_prefix, 1, load.turn_tokens, load.output_tokens, load.seed + 1)
     run_policy(engine, warm, policy)
     rate = prefill_rate(engine, min(4 * args.max_num_batched_tokens, args.max_model_len - 1))
-    result, steady = run_policy(engine, load, policy, variant.expansion, window_steps, profile, host_profiler)
+    if variant.gc_freeze:
+        freeze_long_lived("benchmark")
+    with GcPauses() as pauses:
+        result, steady = run_policy(engine, load, policy, variant.expansion, window_steps, profile, host_profiler)
     result = dataclasses.replace(
-        result, prefill_tokens_per_s=rate, cold_floor_ms=1e3 * result.cold_distinct_tokens / rate
+        result,
+        prefill_tokens_per_s=rate,
+        cold_floor_ms=1e3 * result.cold_distinct_tokens / rate,
+        gc_full_collections=pauses.full_collections,
+        gc_full_max_ms=pauses.full_max_ms,
+        gc_total_ms=pauses.total_ms,
     )
+    gc.unfreeze()  # the engine's objects can go with it
     del engine  # its KV pool goes before the next engine allocates one
     gc.collect()
     if torch.cuda.is_available():
@@ -585,7 +611,9 @@ def _line(result: PolicyResult) -> str:
         f"steps {result.steps} (mixed {result.mixed_steps})  prefill computed {result.prefill_tokens_computed}  "
         f"host {result.host_ms_per_step:.1f} ms/step (launch {result.launch_ms_per_step:.1f}, "
         f"waiting on the device {result.wait_ms_per_step:.1f}, bookkeeping {_bookkeeping_ms(result):.1f})  "
-        f"shared pass in {result.shared_prefix_steps} steps"
+        f"shared pass in {result.shared_prefix_steps} steps  "
+        f"GC {'frozen' if result.gc_freeze else 'unfrozen'}: {result.gc_full_collections} full passes, "
+        f"longest {result.gc_full_max_ms:.1f} ms, all passes {result.gc_total_ms:.0f} ms"
     )
     line += f"  mix {result.decode_rows_per_step:.0f} decode rows"
     line += f" + {result.prefill_tokens_per_step:.0f} prefill tokens/step"

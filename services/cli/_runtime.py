@@ -63,6 +63,7 @@ def serve_gateway(app: Any, args: argparse.Namespace, ready_line: Callable[[], s
 
     from services.gateway.header_timeout import header_timeout_protocol
     from services.gateway.server import DrainingServer
+    from services.heap import freeze_long_lived
 
     config = uvicorn.Config(
         app,
@@ -81,6 +82,7 @@ def serve_gateway(app: Any, args: argparse.Namespace, ready_line: Callable[[], s
             await asyncio.sleep(0.05)
         while not app.state.gateway.pool.ready():
             await asyncio.sleep(0.2)
+        freeze_long_lived("gateway")  # what start-up built lives as long as the process
         line = ready_line()
         if line:
             print(line, flush=True)

@@ -17,6 +17,7 @@ from typing import Any
 import ray
 
 from engine.config import EngineConfig
+from services.heap import freeze_long_lived
 from services.workers.drain import drain_within
 from services.workers.engine_loop import EngineLoop
 from services.workers.transfer import TransferTicket
@@ -73,7 +74,9 @@ class _EngineWorker:
             speculative=engine_config.speculative is not None,
             consumer_lease_s=consumer_lease_s,
             on_fatal=_exit_soon,
-        ).start()
+        )
+        freeze_long_lived(f"{self.ROLE} {replica_id}")  # the engine lives as long as this actor
+        self._loop.start()
         logger.info(
             "%s %s ready: model %s, instance %s",
             self.ROLE,

@@ -43,6 +43,9 @@ def test_up_serves_and_shuts_down_cleanly(tmp_path: Path) -> None:
         assert f"http://127.0.0.1:{port}/v1" in line and f"model={MODEL}" in line
         assert "decode=1" in line and "prefill=1" in line
         assert ask(port)
+        frozen = [entry for entry in log.read_text().splitlines() if "long-lived objects frozen" in entry]
+        for process_name in ("gateway:", "prefill ", "decode "):  # services/heap.py, in each process
+            assert any(process_name in entry for entry in frozen), frozen
         process.send_signal(signal.SIGTERM)  # what Kubernetes sends
         assert process.wait(90) == 0
 
