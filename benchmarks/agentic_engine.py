@@ -3,7 +3,7 @@
     python benchmarks/agentic_engine.py [--device cpu|cuda] [--model smollm2-135m|PATH|random-llama3-8b|random-tiny]
         [--sessions 8,16] [--shared-prefix 256] [--turns 3] [--turn-tokens 32,96]
         [--output-tokens 16,48] [--seed 0] [--scheduling both|mixed|alternating]
-        [--expansion host|device|both] [--extend-graphs on|off|both] [--cascade on|off|both]
+        [--expansion host|device|both] [--extend-graphs on|off|both] [--cascade on|off|both] [--gc-freeze on|off|both]
         [--profile-steps 100] [--host-profile DIR]
         [--max-num-batched-tokens 256] [--kv-cache-bytes N] [--page-size N] [--out results.json]
 
