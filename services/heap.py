@@ -8,7 +8,9 @@ engine and an agentic load's requests that was about 218,000 objects and a 113 m
 idles for several steps. `gc.freeze()` moves the objects alive at start-up into a permanent
 generation that no collection walks again, so a full pass walks only what serving made since
 (11 ms in the same run). Frozen objects are never freed, hence only at start-up, once what
-stays is built (docs/design.md §6.11).
+stays is built, and thawed before the process exits so that the interpreter's clean-up frees
+them as it would have (native extensions report objects still alive then as leaks)
+(docs/design.md §6.11).
 """
 
 from __future__ import annotations
@@ -26,3 +28,8 @@ def freeze_long_lived(owner: str) -> int:
     frozen = gc.get_freeze_count()
     logger.info("%s: %d long-lived objects frozen out of the collector's passes", owner, frozen)
     return frozen
+
+
+def thaw() -> None:
+    """Give the frozen objects back to the collector (at shutdown)."""
+    gc.unfreeze()

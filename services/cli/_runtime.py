@@ -63,7 +63,7 @@ def serve_gateway(app: Any, args: argparse.Namespace, ready_line: Callable[[], s
 
     from services.gateway.header_timeout import header_timeout_protocol
     from services.gateway.server import DrainingServer
-    from services.heap import freeze_long_lived
+    from services.heap import freeze_long_lived, thaw
 
     config = uvicorn.Config(
         app,
@@ -101,6 +101,8 @@ def serve_gateway(app: Any, args: argparse.Namespace, ready_line: Callable[[], s
     except SystemExit as exc:  # ... which Ray's SIGTERM handler turns into sys.exit(15)
         if exc.code not in (signal.SIGTERM, signal.SIGINT):
             raise
+    finally:
+        thaw()  # the interpreter's own clean-up at exit frees what start-up built
     return 0
 
 
