@@ -98,7 +98,7 @@ from engine.runner.options import RunnerOptions  # noqa: E402
 from engine.runner.step_output import PendingStep  # noqa: E402
 from engine.sampling_params import SamplingParams  # noqa: E402
 from engine.scheduler import ScheduledStep  # noqa: E402
-from services.heap import freeze_long_lived  # noqa: E402
+from services.heap import freeze_long_lived, thaw  # noqa: E402
 
 RANDOM_8B = "random-llama3-8b"
 # Llama-shaped, a few million weights, random: the model costs next to nothing, so a CPU run
@@ -417,7 +417,7 @@ def _fresh_run(
         gc_full_max_ms=pauses.full_max_ms,
         gc_total_ms=pauses.total_ms,
     )
-    gc.unfreeze()  # the engine's objects can go with it
+    thaw()  # the engine's objects can go with it
     del engine  # its KV pool goes before the next engine allocates one
     gc.collect()
     if torch.cuda.is_available():
