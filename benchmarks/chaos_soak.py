@@ -130,13 +130,24 @@ class _Faults:
         healthy = {w["id"] for w in workers if w["healthy"]}
         now = time.monotonic() - self.started
         for i, fault in enumerate(self.stack.faults):
+            if fault.back_after_s:
+                continue
             if fault.worker not in healthy:
                 self.seen_down.add(i)
-            elif i in self.seen_down and not fault.back_after_s:
+            elif i in self.seen_down or self._restarted(fault):
                 fault.back_after_s = now - fault.at_s
-        # a hit worker counts once it has gone down and come back: the gateway needs a moment
-        # to see a kill, and may call it healthy until then
+        # a hit worker counts once it is healthy again after going down: the gateway needs a
+        # moment to see a kill, and may call it healthy until then
         return healthy - {f.worker for f in self.stack.faults if not f.back_after_s}
+
+    def _restarted(self, fault: Fault) -> bool:
+        """Whether the hit worker already runs as a new process. Between two polls a worker can go
+        down and come back unseen (the polls pause while the load's last streams end), so the
+        gateway calling it healthy is not enough: it may not have noticed the kill yet."""
+        try:
+            return self.stack.pid(fault.worker, timeout_s=1.0) != fault.pid
+        except ray.exceptions.RayError:  # still restarting (or the call timed out)
+            return False
 
     def _victim(self, kind: str, role: str, healthy: set[str]) -> str | None:
         names = [n for n in self.stack.names(role) if n in healthy]  # type: ignore[arg-type]

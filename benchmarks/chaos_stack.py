@@ -55,6 +55,7 @@ class Fault:
     worker: str
     at_s: float  # seconds since the soak's start
     held: int  # requests the worker held when it was hit
+    pid: int  # the OS process that was hit; the restarted actor runs in another
     back_after_s: float = 0.0  # until the gateway saw it healthy again
 
 
@@ -77,9 +78,9 @@ class Stack:
         refs = {name: self.handles[name].stats.remote() for name in (self.handles if names is None else names)}
         return {name: ray.get(ref, timeout=timeout_s) for name, ref in refs.items()}
 
-    def pid(self, name: str) -> int:
+    def pid(self, name: str, timeout_s: float = 30.0) -> int:
         """The OS process of the actor now (a restart makes a new one)."""
-        return int(ray.get(self.handles[name].__ray_call__.remote(lambda _actor: os.getpid()), timeout=30))
+        return int(ray.get(self.handles[name].__ray_call__.remote(lambda _actor: os.getpid()), timeout=timeout_s))
 
     def ready(self) -> dict[str, Any]:
         """The gateway's /ready body (its view of every worker)."""
@@ -103,7 +104,7 @@ class Stack:
         held = self.stats([name])[name].num_held
         pid = self.pid(name)
         os.kill(pid, signal.SIGKILL)
-        fault = Fault("kill9", name, at_s, held)
+        fault = Fault("kill9", name, at_s, held, pid)
         self.faults.append(fault)
         return fault
 
@@ -113,7 +114,7 @@ class Stack:
         pid = self.pid(name)
         ray.get(handle.drain.remote(grace_s), timeout=grace_s + 60)
         os.kill(pid, signal.SIGTERM)
-        fault = Fault("drain_and_restart", name, at_s, held)
+        fault = Fault("drain_and_restart", name, at_s, held, pid)
         self.faults.append(fault)
         return fault
 
