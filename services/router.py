@@ -9,9 +9,13 @@ of a conversation starts with the previous turn's prompt, so it follows its hist
 Affinity is balanced against load: the affine replica is taken only while its load is
 within `balance_slack` requests of the least-loaded replica and its KV is below the
 high-water mark; otherwise the least-loaded replica wins (ties: lower KV usage, then round
-robin). A replica at capacity is never chosen; when every healthy replica of a needed pool
-is at capacity the request is refused (`AtCapacity`, HTTP 429) instead of queueing without
-bound.
+robin). Capacity gates admission: a replica at capacity is not chosen for a new request,
+and when every healthy replica of a needed pool is at capacity the request is refused
+(`AtCapacity`, HTTP 429) instead of queueing without bound. A request already admitted (one
+that moves off a lost or draining worker, a hand-off whose decode replica went away, the
+later choices of one HTTP request) is never refused for capacity: it goes to the least-loaded
+healthy replica even when all are full, so the pool holds at most one request's size past its
+capacity and an admitted stream is never cut for lack of room.
 """
 
 from __future__ import annotations
@@ -152,18 +156,19 @@ class Router:
         colocated: Sequence[ReplicaLoad] = (),
         prefill: Sequence[ReplicaLoad] = (),
         decode: Sequence[ReplicaLoad] = (),
+        admitted: bool = False,  # True: never AtCapacity (see the module docstring)
     ) -> Route:
         hashes = prefix_block_hashes(prompt_token_ids, self.config.block_tokens)
         matches = self.index.match(hashes)
         healthy_prefill = [r for r in prefill if r.healthy]
         healthy_decode = [r for r in decode if r.healthy]
         if healthy_prefill and healthy_decode:
-            decode_pick, decode_cached = self._pick(healthy_decode, matches, "decode")
+            decode_pick, decode_cached = self._pick(healthy_decode, matches, "decode", admitted)
             skip = self.config.skip_prefill_max_tokens
             if skip > 0 and len(prompt_token_ids) - decode_cached <= skip:
                 self._remember(hashes, decode_pick.replica_id)
                 return Route("colocated", None, decode_pick.replica_id, decode_cached)
-            prefill_pick, prefill_cached = self._pick(healthy_prefill, matches, "prefill")
+            prefill_pick, prefill_cached = self._pick(healthy_prefill, matches, "prefill", admitted)
             self._remember(hashes, prefill_pick.replica_id, decode_pick.replica_id)
             return Route("disaggregated", prefill_pick.replica_id, decode_pick.replica_id, prefill_cached)
         pool = [r for r in colocated if r.healthy]
@@ -171,17 +176,18 @@ class Router:
             pool = healthy_prefill + healthy_decode
         if not pool:
             raise NoReplicas("no healthy workers")
-        pick, cached = self._pick(pool, matches, "worker")
+        pick, cached = self._pick(pool, matches, "worker", admitted)
         self._remember(hashes, pick.replica_id)
         return Route("colocated", None, pick.replica_id, cached)
 
     def pick_decode(self, decode: Sequence[ReplicaLoad], prompt_token_ids: Sequence[int]) -> str:
-        """A decode replica for a hand-off whose planned replica went away."""
+        """A decode replica for a hand-off whose planned replica went away (the request was
+        admitted: a full replica is taken rather than none)."""
         healthy = [r for r in decode if r.healthy]
         if not healthy:
             raise NoReplicas("no healthy decode workers")
         hashes = prefix_block_hashes(prompt_token_ids, self.config.block_tokens)
-        pick, _ = self._pick(healthy, self.index.match(hashes), "decode")
+        pick, _ = self._pick(healthy, self.index.match(hashes), "decode", admitted=True)
         self._remember(hashes, pick.replica_id)
         return pick.replica_id
 
@@ -189,10 +195,14 @@ class Router:
         for replica in replicas:
             self.index.insert(hashes, replica)
 
-    def _pick(self, healthy: Sequence[ReplicaLoad], matches: dict[str, int], pool: str) -> tuple[ReplicaLoad, int]:
+    def _pick(
+        self, healthy: Sequence[ReplicaLoad], matches: dict[str, int], pool: str, admitted: bool
+    ) -> tuple[ReplicaLoad, int]:
         available = [r for r in healthy if not r.full]
         if not available:
-            raise AtCapacity(f"all {len(healthy)} {pool} replicas are at capacity")
+            if not admitted:
+                raise AtCapacity(f"all {len(healthy)} {pool} replicas are at capacity")
+            available = list(healthy)
         block = self.config.block_tokens
         least_load = min(r.load for r in available)
         affine = max(available, key=lambda r: (matches.get(r.replica_id, 0), -r.load, -r.kv_usage))

@@ -70,8 +70,10 @@ class Dispatcher:
         params: SamplingParams,
         sink: Sink,
         arrival_s: float,
+        admitted: bool = False,
     ) -> Tracked:
-        """Route and start one engine request; raises an APIError (400/429/503/500) if it cannot."""
+        """Route and start one engine request; raises an APIError (400/429/503/500) if it cannot.
+        `admitted`: a later choice of a request whose first choice started (never a 429)."""
         tracked = Tracked(
             request_id,
             index,
@@ -83,17 +85,18 @@ class Dispatcher:
             rng_key=None if params.seed is not None else new_rng_key(),
         )
         self.requests[request_id] = tracked
-        error = await self._start(tracked)
+        error = await self._start(tracked, admitted=admitted)
         if error is not None:
             self._drop(tracked)
             raise error
         return tracked
 
-    async def _start(self, tracked: Tracked, avoid: str = "") -> APIError | None:
+    async def _start(self, tracked: Tracked, avoid: str = "", admitted: bool = False) -> APIError | None:
         """Route `tracked` (prompt + the tokens it already has) and add it to a worker as a
         continuation, never to `avoid` (the replica it moves off: a draining one may still hold
         it until its abort lands); a worker found down on the way is marked so and another is
-        tried. Returns the error that stopped it, or None once a worker holds it."""
+        tried. An `admitted` request may fill a replica past its capacity (services/router.py).
+        Returns the error that stopped it, or None once a worker holds it."""
         tokens = tracked.prompt_token_ids + tracked.output_ids
         for _ in range(self.migration_limit + 1):
             loads = self.pool.loads()
@@ -103,7 +106,7 @@ class Dispatcher:
                     for pool, replicas in loads.items()
                 }
             try:
-                route = self.router.route(tokens, **loads)
+                route = self.router.route(tokens, **loads, admitted=admitted)
             except AtCapacity as exc:
                 return Overloaded(f"The server is overloaded ({exc}); retry later.", self.retry_after_s)
             except NoReplicas as exc:
@@ -157,11 +160,15 @@ class Dispatcher:
         self, jobs: Sequence[tuple[str, int, list[int], SamplingParams]], sink: Sink, arrival_s: float
     ) -> list[Tracked]:
         """Start every choice of an HTTP request, or none of them: on a refusal, or when
-        cancelled (the client left), what was started is aborted."""
+        cancelled (the client left), what was started is aborted. Capacity is checked for the
+        first choice alone: the others follow it even onto full replicas, so a request of
+        `n` choices is never refused because of its own earlier choices."""
         started: list[Tracked] = []
         try:
             for request_id, index, prompt, params in jobs:
-                started.append(await self._submit_whole(request_id, index, prompt, params, sink, arrival_s))
+                started.append(
+                    await self._submit_whole(request_id, index, prompt, params, sink, arrival_s, bool(started))
+                )
         except BaseException:
             for tracked in started:
                 self.abort(tracked)
@@ -169,11 +176,18 @@ class Dispatcher:
         return started
 
     async def _submit_whole(
-        self, request_id: str, index: int, prompt: list[int], params: SamplingParams, sink: Sink, arrival_s: float
+        self,
+        request_id: str,
+        index: int,
+        prompt: list[int],
+        params: SamplingParams,
+        sink: Sink,
+        arrival_s: float,
+        admitted: bool,
     ) -> Tracked:
         """`submit`, never cut short by a cancellation while a worker may be accepting the
         request: the cancellation is raised at once and the request aborted once accepted."""
-        pending = asyncio.ensure_future(self.submit(request_id, index, prompt, params, sink, arrival_s))
+        pending = asyncio.ensure_future(self.submit(request_id, index, prompt, params, sink, arrival_s, admitted))
         try:
             return await asyncio.shield(pending)
         except asyncio.CancelledError:
@@ -241,7 +255,7 @@ class Dispatcher:
                 self._release(tracked, target)
             try:
                 target = self.router.pick_decode(self.pool.loads()["decode"], tracked.prompt_token_ids)
-            except (NoReplicas, AtCapacity) as exc:
+            except NoReplicas as exc:
                 self.fail(tracked, f"no decode worker for the KV hand-off: {exc}")
                 return
             self._hold(tracked, target)
@@ -337,7 +351,7 @@ class Dispatcher:
         self._spawn(self._restart(tracked, why, old))
 
     async def _restart(self, tracked: Tracked, why: str, old: str) -> None:
-        error = await self._start(tracked, avoid=old)
+        error = await self._start(tracked, avoid=old, admitted=True)
         if error is not None and not tracked.done:
             self.fail(tracked, f"{why}; it could not be moved: {error.message}", abort=False)
 

@@ -38,7 +38,8 @@ def serve(app: object, timeout_s: float = 60.0, **options: Any) -> Iterator[str]
         thread.join(30)
 
 
-def wait_ready(base_url: str, timeout_s: float = 300.0) -> None:
+def wait_ready(base_url: str, timeout_s: float = 300.0, healthy_workers: int = 1) -> None:
+    """Until /ready answers 200 with at least `healthy_workers` workers healthy."""
     import httpx
 
     deadline = time.monotonic() + timeout_s
@@ -46,7 +47,7 @@ def wait_ready(base_url: str, timeout_s: float = 300.0) -> None:
     while time.monotonic() < deadline:
         try:
             last = httpx.get(f"{base_url}/ready", timeout=5)
-            if last.status_code == 200:
+            if last.status_code == 200 and sum(w["healthy"] for w in last.json()["workers"]) >= healthy_workers:
                 return
         except httpx.HTTPError as exc:
             last = exc

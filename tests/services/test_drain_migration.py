@@ -39,14 +39,18 @@ def stories(second_engine: EngineCore) -> list[str]:
     return greedy_reference(second_engine, prompts, STORY_TOKENS, ignore_eos=True)
 
 
-@pytest.fixture
-def two_workers(loop: EngineLoop, second_engine: EngineCore, stories: list[str]) -> Iterator[tuple[str, EngineLoop]]:
+@pytest.fixture(params=[None, len(STORIES) // 2], ids=["room", "full"])
+def two_workers(
+    request: pytest.FixtureRequest, loop: EngineLoop, second_engine: EngineCore, stories: list[str]
+) -> Iterator[tuple[str, EngineLoop]]:
+    """`full`: each worker takes half the stories at most, so the streams fill both workers and the
+    drained worker's move onto one already at capacity (an admitted stream is never refused)."""
     other = colocated_loop(second_engine, "local-1")
     clients = [LocalWorkerClient("local-0", loop), LocalWorkerClient("local-1", other)]
-    config = GatewayConfig(pool=PoolConfig(stats_interval_s=0.1))
+    config = GatewayConfig(pool=PoolConfig(stats_interval_s=0.1, max_inflight_per_worker=request.param))
     try:
         with serve(create_app(StaticDiscovery(clients), config)) as url:
-            wait_ready(url, 60)
+            wait_ready(url, 60, healthy_workers=2)
             yield url, other
     finally:
         other.shutdown()
@@ -63,11 +67,12 @@ def test_a_drained_worker_hands_its_streams_to_the_other(
         while min(progress) < 8:
             assert time.monotonic() < deadline, progress
             time.sleep(0.02)
-        held_here = len(loop.engine.requests)
-        assert held_here > 0, "the router gave the first worker nothing to drain"
-        loop.drain()
+        # the fixture's own worker is drained: `loop` serves other tests after this one
+        held_there = len(other.engine.requests)
+        assert held_there > 0, "the router gave the second worker nothing to drain"
+        other.drain()
         threading.Event().wait(0.2)  # a short grace, over before the streams can finish
-        loop.evict()
+        other.evict()
         texts = [f.result(timeout=300) for f in futures]
     assert texts == stories
     metrics = httpx.get(f"{url}/metrics", timeout=10).text

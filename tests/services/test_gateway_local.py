@@ -362,6 +362,29 @@ def test_api_keys_body_limit_and_overload(loop: EngineLoop) -> None:
         assert 'dspark_requests_total{model="unknown",role="gateway",status="401"} 2.0' in metrics
 
 
+def test_capacity_gates_requests_not_their_own_choices(loop: EngineLoop) -> None:
+    """A request admitted to an idle worker gets all its choices even past the worker's
+    capacity (docs/design.md §5.4); a request arriving while the worker is full is refused."""
+    config = GatewayConfig(pool=PoolConfig(max_inflight_per_worker=2))
+    with start_gateway(loop, config) as url:
+        wait_ready(url, 60)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        three = client.chat.completions.create(
+            model=MODEL, messages=messages("Name a colour."), max_tokens=4, n=3, temperature=1.0, seed=7
+        )
+        assert sorted(c.index for c in three.choices) == [0, 1, 2]
+        assert all(c.message.content for c in three.choices)
+        wait_idle(loop, 10)
+
+        body = {"model": MODEL, "messages": messages("hi"), "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "n": 2}, timeout=60) as held:
+            lines = held.iter_lines()  # keep the iterator: dropping it closes the connection
+            assert next(lines).startswith("data:")
+            refused = httpx.post(f"{url}/v1/chat/completions", json={**body, "stream": False, "max_tokens": 2})
+            assert refused.status_code == 429 and refused.json()["error"]["code"] == "server_overloaded"
+        wait_idle(loop, 10)
+
+
 def test_served_model_name_renames_the_model(loop: EngineLoop) -> None:
     with start_gateway(loop, GatewayConfig(served_model_names=("my-model", "alias"))) as url:
         wait_ready(url, 60)

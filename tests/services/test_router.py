@@ -111,6 +111,21 @@ def test_full_replicas_are_never_chosen_and_all_full_is_overload() -> None:
         router.route(prompt(1, 8), colocated=[replica("a", inflight=8), replica("b", inflight=9)])
 
 
+def test_an_admitted_request_goes_to_the_least_loaded_full_replica() -> None:
+    """Capacity gates admission only: a request already admitted (a migration, a later choice
+    of one request) may fill a replica past it, by at most its own size."""
+    router = Router()
+    full = [replica("a", inflight=9), replica("b", inflight=8)]
+    assert router.route(prompt(1, 8), colocated=full, admitted=True).decode == "b"
+    route = router.route(
+        prompt(1, 8), prefill=[replica("p", inflight=8)], decode=[replica("d", inflight=8)], admitted=True
+    )
+    assert (route.prefill, route.decode) == ("p", "d")
+    assert router.pick_decode([replica("d0", inflight=9), replica("d1", inflight=8)], prompt(1, 8)) == "d1"
+    with pytest.raises(NoReplicas):
+        router.route(prompt(1, 8), colocated=[replica("a", healthy=False)], admitted=True)
+
+
 def test_no_healthy_replica_is_no_replicas() -> None:
     router = Router()
     with pytest.raises(NoReplicas):
