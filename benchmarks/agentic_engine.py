@@ -86,6 +86,7 @@ from benchmarks.agentic_results import (  # noqa: E402
 from benchmarks.agentic_workload import Workload, make_sessions  # noqa: E402
 from benchmarks.gc_pauses import GcPauses  # noqa: E402
 from benchmarks.gpu_busy import BusyWindow  # noqa: E402
+from benchmarks.triton_compiles import TritonCompiles  # noqa: E402
 from engine.config import (
     EngineConfig,  # noqa: E402
 )
@@ -407,7 +408,7 @@ def _fresh_run(
     rate = prefill_rate(engine, min(4 * args.max_num_batched_tokens, args.max_model_len - 1))
     if variant.gc_freeze:
         freeze_long_lived("benchmark")
-    with GcPauses() as pauses:
+    with GcPauses() as pauses, TritonCompiles() as compiles:
         result, steady = run_policy(engine, load, policy, variant.expansion, window_steps, profile, host_profiler)
     result = dataclasses.replace(
         result,
@@ -416,6 +417,10 @@ def _fresh_run(
         gc_full_collections=pauses.full_collections,
         gc_full_max_ms=pauses.full_max_ms,
         gc_total_ms=pauses.total_ms,
+        triton_misses=compiles.misses if compiles.available else None,
+        triton_miss_ms=compiles.total_ms,
+        triton_miss_max_ms=compiles.max_ms,
+        triton_miss_kernels=tuple(compiles.kernels.most_common()),
     )
     thaw()  # the engine's objects can go with it
     del engine  # its KV pool goes before the next engine allocates one

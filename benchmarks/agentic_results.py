@@ -46,6 +46,11 @@ class PolicyResult:
     gc_full_collections: int = 0  # the collector's generation-2 passes during the run
     gc_full_max_ms: float = 0.0  # the longest of them: every thread stopped
     gc_total_ms: float = 0.0  # all the collector's passes during the run
+    # Triton kernel variants first met during the run (benchmarks/triton_compiles.py); None: no hooks
+    triton_misses: int | None = None
+    triton_miss_ms: float = 0.0  # compiling them or loading them from the disk cache, on the step's path
+    triton_miss_max_ms: float = 0.0
+    triton_miss_kernels: tuple[tuple[str, int], ...] = ()  # kernel name -> misses
     # the cold burst: every session's first turn, submitted together
     cold_ttft_p90_ms: float = 0.0
     cold_distinct_tokens: int = 0  # the shared prefix once, plus each first turn's own tokens
@@ -170,6 +175,12 @@ def report_line(result: PolicyResult) -> str:
         f"GC {'frozen' if result.gc_freeze else 'unfrozen'}: {result.gc_full_collections} full passes, "
         f"longest {result.gc_full_max_ms:.1f} ms, all passes {result.gc_total_ms:.0f} ms"
     )
+    if result.triton_misses is not None:
+        kernels = ", ".join(f"{name} x{count}" for name, count in result.triton_miss_kernels)
+        line += (
+            f"  Triton variants first met in the run: {result.triton_misses}, {result.triton_miss_ms:.0f} ms"
+            f" (longest {result.triton_miss_max_ms:.0f} ms{': ' + kernels if kernels else ''})"
+        )
     line += f"  mix {result.decode_rows_per_step:.0f} decode rows"
     line += f" + {result.prefill_tokens_per_step:.0f} prefill tokens/step"
     line += (
