@@ -243,6 +243,45 @@ def test_model_source_none_passes_the_name_and_mounts_nothing() -> None:
     assert "model.name is required" in render_error({"model": {"source": "none"}})
 
 
+def compile_caches(docs: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], dict[str, Any], str]]:
+    """where -> (cache volume, its mount, TRITON_CACHE_DIR) for every container that mounts it."""
+    found = {}
+    for where, spec in ds.pod_specs(docs):
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for container in spec["containers"]:
+            for mount in container.get("volumeMounts", []):
+                if mount["name"] == "compile-cache":
+                    found[where] = (volumes["compile-cache"], mount, ds.env_of(container)["TRITON_CACHE_DIR"])
+    return found
+
+
+@pytest.mark.parametrize(
+    ("cache", "volume"),
+    [
+        ({}, {"emptyDir": {"sizeLimit": "4Gi"}}),
+        (
+            {"source": "pvc", "pvc": {"claimName": "kernels"}, "mountPath": "/cache"},
+            {"persistentVolumeClaim": {"claimName": "kernels"}},
+        ),
+    ],
+)
+def test_workers_keep_compiled_kernels_on_the_compile_cache(cache: dict[str, Any], volume: dict[str, Any]) -> None:
+    caches = compile_caches(ds.render({"compileCache": cache}))
+    assert set(caches) == {"RayCluster/dspark-dspark-serve/prefill", "RayCluster/dspark-dspark-serve/decode"}
+    mount_path = cache.get("mountPath", "/var/cache/dspark")
+    for spec_volume, mount, triton_dir in caches.values():
+        assert spec_volume == {"name": "compile-cache", **volume}
+        assert mount == {"name": "compile-cache", "mountPath": mount_path}  # writable
+        assert triton_dir == f"{mount_path}/triton"
+
+
+def test_compile_cache_values_are_checked() -> None:
+    bad_source = render_error({"compileCache": {"source": "hostPath"}})
+    assert "/compileCache/source': value must be one of 'emptyDir', 'pvc'" in bad_source
+    missing = render_error({"compileCache": {"source": "pvc", "pvc": {"claimName": ""}}})
+    assert "compileCache.pvc.claimName is required" in missing
+
+
 # --- Optional features render nothing when off -----------------------------------------------------
 
 

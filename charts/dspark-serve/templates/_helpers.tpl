@@ -221,6 +221,31 @@ app.kubernetes.io/managed-by: {{ $root.Release.Service }}
   mountPath: /home/dspark
 {{- end }}
 
+{{/* The workers' compiled-kernel cache (values `compileCache`). */}}
+{{- define "dspark.compileCacheVolume" -}}
+{{- $c := .Values.compileCache }}
+- name: compile-cache
+{{- if eq $c.source "pvc" }}
+  persistentVolumeClaim:
+    claimName: {{ required "compileCache.pvc.claimName is required when compileCache.source is pvc" $c.pvc.claimName }}
+{{- else if eq $c.source "emptyDir" }}
+  emptyDir:
+    sizeLimit: {{ $c.sizeLimit }}
+{{- else }}
+{{- fail (printf "compileCache.source must be emptyDir or pvc (got %q)" $c.source) }}
+{{- end }}
+{{- end }}
+
+{{- define "dspark.compileCacheVolumeMount" -}}
+- name: compile-cache
+  mountPath: {{ .Values.compileCache.mountPath }}
+{{- end }}
+
+{{- define "dspark.compileCacheEnv" -}}
+- name: TRITON_CACHE_DIR
+  value: {{ printf "%s/triton" .Values.compileCache.mountPath | quote }}
+{{- end }}
+
 {{/* Shared memory: a RAM-backed emptyDir at /dev/shm of the given size. */}}
 {{- define "dspark.shmVolume" -}}
 - name: dshm
