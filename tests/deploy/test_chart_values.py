@@ -282,6 +282,17 @@ def test_compile_cache_values_are_checked() -> None:
     assert "compileCache.pvc.claimName is required" in missing
 
 
+@pytest.mark.parametrize(("shared", "env"), [(None, "true"), (False, "false")])
+def test_gateways_share_the_worker_caps_by_default(shared: bool | None, env: str) -> None:
+    """Several gateway replicas count each other's requests against a worker's capacity."""
+    values = {} if shared is None else {"gateway": {"sharedAdmission": shared}}
+    containers = [
+        c for d in ds.objects(ds.render(values), "Deployment") for c in d["spec"]["template"]["spec"]["containers"]
+    ]
+    (gateway,) = [c for c in containers if c["name"] == "gateway"]
+    assert ds.env_of(gateway)["DSPARK_SHARED_ADMISSION"] == env
+
+
 # --- Optional features render nothing when off -----------------------------------------------------
 
 
