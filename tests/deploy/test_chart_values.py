@@ -258,7 +258,8 @@ def compile_caches(docs: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any]
 @pytest.mark.parametrize(
     ("cache", "volume"),
     [
-        ({}, {"emptyDir": {"sizeLimit": "4Gi"}}),
+        ({}, {"emptyDir": {}}),
+        ({"sizeLimit": "8Gi"}, {"emptyDir": {"sizeLimit": "8Gi"}}),
         (
             {"source": "pvc", "pvc": {"claimName": "kernels"}, "mountPath": "/cache"},
             {"persistentVolumeClaim": {"claimName": "kernels"}},

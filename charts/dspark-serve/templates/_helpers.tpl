@@ -229,8 +229,7 @@ app.kubernetes.io/managed-by: {{ $root.Release.Service }}
   persistentVolumeClaim:
     claimName: {{ required "compileCache.pvc.claimName is required when compileCache.source is pvc" $c.pvc.claimName }}
 {{- else if eq $c.source "emptyDir" }}
-  emptyDir:
-    sizeLimit: {{ $c.sizeLimit }}
+  emptyDir: {{ if $c.sizeLimit }}{sizeLimit: {{ $c.sizeLimit }}}{{ else }}{}{{ end }}
 {{- else }}
 {{- fail (printf "compileCache.source must be emptyDir or pvc (got %q)" $c.source) }}
 {{- end }}
