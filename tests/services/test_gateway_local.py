@@ -370,10 +370,17 @@ def test_capacity_gates_requests_not_their_own_choices(loop: EngineLoop) -> None
         wait_ready(url, 60)
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
         three = client.chat.completions.create(
-            model=MODEL, messages=messages("Name a colour."), max_tokens=4, n=3, temperature=1.0, seed=7
+            model=MODEL,
+            messages=messages("Name a colour."),
+            max_tokens=4,
+            n=3,
+            temperature=1.0,
+            seed=7,
+            extra_body={"ignore_eos": True},
         )
         assert sorted(c.index for c in three.choices) == [0, 1, 2]
-        assert all(c.message.content for c in three.choices)
+        assert [c.finish_reason for c in three.choices] == ["length"] * 3
+        assert three.usage is not None and three.usage.completion_tokens == 12
         wait_idle(loop, 10)
 
         body = {"model": MODEL, "messages": messages("hi"), "max_tokens": 2000, "ignore_eos": True, "stream": True}
