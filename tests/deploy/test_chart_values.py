@@ -189,15 +189,18 @@ def test_unknown_accelerator_is_rejected() -> None:
 # --- Model source ------------------------------------------------------------------------------
 
 
-def model_mounts(docs: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], dict[str, Any], str]]:
-    """where -> (model volume, its mount, DSPARK_MODEL) for every container that gets the model."""
+def volume_mounts(
+    docs: list[dict[str, Any]], volume: str, env: str
+) -> dict[str, tuple[dict[str, Any], dict[str, Any], str]]:
+    """where -> (the volume, its mount, the container's `env` variable) for every container
+    that mounts `volume`."""
     found = {}
     for where, spec in ds.pod_specs(docs):
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         for container in spec["containers"]:
             for mount in container.get("volumeMounts", []):
-                if mount["name"] == "model":
-                    found[where] = (volumes["model"], mount, ds.env_of(container)["DSPARK_MODEL"])
+                if mount["name"] == volume:
+                    found[where] = (volumes[volume], mount, ds.env_of(container)[env])
     return found
 
 
@@ -227,7 +230,7 @@ def model_mounts(docs: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], 
     ],
 )
 def test_model_is_mounted_read_only_in_the_workers(model: dict[str, Any], volume: dict[str, Any]) -> None:
-    mounts = model_mounts(ds.render({"model": model}))
+    mounts = volume_mounts(ds.render({"model": model}), "model", "DSPARK_MODEL")
     # The gateway takes its tokenizer from the workers: no weights there.
     assert set(mounts) == {"RayCluster/dspark-dspark-serve/prefill", "RayCluster/dspark-dspark-serve/decode"}
     for spec_volume, mount, model_path in mounts.values():
@@ -238,21 +241,9 @@ def test_model_is_mounted_read_only_in_the_workers(model: dict[str, Any], volume
 
 def test_model_source_none_passes_the_name_and_mounts_nothing() -> None:
     docs = ds.render({"model": {"source": "none", "name": "/opt/models/smollm2.gguf"}})
-    assert model_mounts(docs) == {}
+    assert volume_mounts(docs, "model", "DSPARK_MODEL") == {}
     assert ds.env_of(worker_container(docs, "decode"))["DSPARK_MODEL"] == "/opt/models/smollm2.gguf"
     assert "model.name is required" in render_error({"model": {"source": "none"}})
-
-
-def compile_caches(docs: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any], dict[str, Any], str]]:
-    """where -> (cache volume, its mount, TRITON_CACHE_DIR) for every container that mounts it."""
-    found = {}
-    for where, spec in ds.pod_specs(docs):
-        volumes = {v["name"]: v for v in spec.get("volumes", [])}
-        for container in spec["containers"]:
-            for mount in container.get("volumeMounts", []):
-                if mount["name"] == "compile-cache":
-                    found[where] = (volumes["compile-cache"], mount, ds.env_of(container)["TRITON_CACHE_DIR"])
-    return found
 
 
 @pytest.mark.parametrize(
@@ -267,7 +258,7 @@ def compile_caches(docs: list[dict[str, Any]]) -> dict[str, tuple[dict[str, Any]
     ],
 )
 def test_workers_keep_compiled_kernels_on_the_compile_cache(cache: dict[str, Any], volume: dict[str, Any]) -> None:
-    caches = compile_caches(ds.render({"compileCache": cache}))
+    caches = volume_mounts(ds.render({"compileCache": cache}), "compile-cache", "TRITON_CACHE_DIR")
     assert set(caches) == {"RayCluster/dspark-dspark-serve/prefill", "RayCluster/dspark-dspark-serve/decode"}
     mount_path = cache.get("mountPath", "/var/cache/dspark")
     for spec_volume, mount, triton_dir in caches.values():
